@@ -1,0 +1,50 @@
+# Two commands for a newcomer: `make run` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast lint format migrate chaos bench clean
+
+$(STAMP): requirements.txt
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.txt
+	@touch $(STAMP)
+
+migrate: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+
+# Migrate, create the demo account (printed once), run the recovery scan, then start
+# daphne, qcluster and the queue service together. Ctrl-C stops all three.
+run: migrate
+	$(BIN)/python manage.py seed_demo
+	$(BIN)/python manage.py recover_queue
+	$(BIN)/python manage.py run_stack
+
+# The whole suite. DATABASE_URL / REDIS_URL select PostgreSQL and Redis.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Without the tests that start processes or a browser.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not processes and not browser" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python manage.py makemigrations --check --dry-run
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+N ?= 200
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos --jobs $(N)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf var/ .pytest_cache

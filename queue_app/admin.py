@@ -1,0 +1,197 @@
+"""Admin for every model. State changes go through the same services as the app
+(never `queryset.update(status=…)`), and provider keys are write-only."""
+
+from django import forms
+from django.contrib import admin, messages
+
+from queue_app import crypto, net, services
+from queue_app.models import (
+    AccountSettings,
+    AlbumItem,
+    Heartbeat,
+    IdempotencyKey,
+    Job,
+    JobAttempt,
+    Project,
+    ProjectEvent,
+    Provider,
+    Status,
+)
+
+admin.site.site_header = "Remix Studio Queue"
+admin.site.index_template = "admin/queue_index.html"
+
+
+class ProviderForm(forms.ModelForm):
+    """The key fields are write-only: blank keeps the stored value, and the form shows
+    at most the last four characters."""
+
+    api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False), strip=True)
+    api_secret = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False), strip=True)
+
+    class Meta:
+        model = Provider
+        fields = [
+            "owner",
+            "name",
+            "family",
+            "base_url",
+            "options",
+            "concurrency",
+            "max_attempts",
+            "paused",
+            "cooldown_until",
+            "model_aliases",
+        ]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance and self.instance.pk:
+            self.fields["api_key"].help_text = f"stored: {crypto.hint(self.instance.api_key) or 'none'} — leave blank to keep"
+            self.fields["api_secret"].help_text = "leave blank to keep"
+
+    def clean_base_url(self):
+        url = self.cleaned_data.get("base_url")
+        if url:
+            try:
+                return net.validate_base_url(url)
+            except ValueError as error:
+                raise forms.ValidationError(str(error)) from None
+        return url
+
+    def save(self, commit=True):
+        provider = super().save(commit=False)
+        if self.cleaned_data.get("api_key"):
+            provider.api_key = self.cleaned_data["api_key"]
+        if self.cleaned_data.get("api_secret"):
+            provider.api_secret = self.cleaned_data["api_secret"]
+        if commit:
+            provider.save()
+        return provider
+
+
+@admin.register(Provider)
+class ProviderAdmin(admin.ModelAdmin):
+    form = ProviderForm
+    list_display = ("name", "family", "owner", "concurrency", "paused", "cooldown_until", "key")
+    list_editable = ("concurrency",)
+    list_filter = ("family", "paused")
+    search_fields = ("name",)
+    actions = ["pause", "resume"]
+
+    @admin.display(description="key")
+    def key(self, obj):
+        return crypto.hint(obj.api_key) or "—"
+
+    @admin.action(description="Pause selected providers")
+    def pause(self, request, queryset):
+        for provider in queryset:
+            services.provider_set_paused(user=request.user, provider_id=provider.id, paused=True)
+
+    @admin.action(description="Resume selected providers")
+    def resume(self, request, queryset):
+        for provider in queryset:
+            services.provider_set_paused(user=request.user, provider_id=provider.id, paused=False)
+
+    def save_model(self, request, obj, form, change):
+        # Concurrency goes through the service so raising it dispatches at once.
+        if change and "concurrency" in form.changed_data:
+            new = obj.concurrency
+            obj.concurrency = Provider.objects.get(pk=obj.pk).concurrency
+            super().save_model(request, obj, form, change)
+            services.provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=new)
+            obj.concurrency = new
+        else:
+            super().save_model(request, obj, form, change)
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("name", "kind", "owner", "provider", "created_at")
+    list_filter = ("kind",)
+    search_fields = ("name",)
+
+
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    readonly_fields = ("number", "worker", "started_at", "finished_at", "outcome", "reason", "task_id")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+SNAPSHOT_FIELDS = (
+    "status",
+    "resolved",
+    "active_provider",
+    "slot",
+    "lease_owner",
+    "lease_token",
+    "lease_expires_at",
+    "attempts",
+    "not_before",
+    "error",
+    "error_class",
+    "task_id",
+    "task_observed_at",
+    "next_poll_at",
+    "poll_claimed_until",
+    "progress",
+    "queued_at",
+    "started_at",
+    "finished_at",
+)
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "project", "status", "provider", "model", "attempts", "short_task", "created_at")
+    list_filter = ("status", "provider", "project", "active_provider__family")
+    search_fields = ("id", "task_id")
+    readonly_fields = SNAPSHOT_FIELDS
+    inlines = [JobAttemptInline]
+    actions = ["start_or_retry"]
+
+    @admin.display(description="task")
+    def short_task(self, obj):
+        return obj.task_id[:16]
+
+    @admin.action(description="Start / retry selected jobs")
+    def start_or_retry(self, request, queryset):
+        started = 0
+        for job in queryset.filter(status__in=(Status.DRAFT, Status.FAILED)).select_related("project", "owner"):
+            try:
+                started += len(services.jobs_start(user=job.owner, project=job.project, job_ids=[job.id])["started"])
+            except services.ServiceError as error:
+                self.message_user(request, f"{job.id}: {error.message}", messages.ERROR)
+        self.message_user(request, f"{started} job(s) started")
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(admin.ModelAdmin):
+    list_display = ("job", "number", "worker", "outcome", "started_at", "finished_at")
+    list_filter = ("outcome",)
+    search_fields = ("job__id", "task_id")
+
+
+@admin.register(AlbumItem)
+class AlbumItemAdmin(admin.ModelAdmin):
+    list_display = ("id", "project", "job", "output_index", "role", "kind", "size", "created_at")
+    list_filter = ("kind", "role")
+
+
+@admin.register(ProjectEvent)
+class ProjectEventAdmin(admin.ModelAdmin):
+    list_display = ("project", "seq", "kind", "job_id", "status", "created_at")
+    list_filter = ("kind",)
+
+
+@admin.register(Heartbeat)
+class HeartbeatAdmin(admin.ModelAdmin):
+    list_display = ("name", "role", "host", "pid", "started_at", "seen_at")
+
+
+admin.site.register(AccountSettings)
+admin.site.register(IdempotencyKey)

@@ -1,0 +1,16 @@
+import sys
+
+from django.apps import AppConfig
+
+
+class QueueAppConfig(AppConfig):
+    name = "queue_app"
+    verbose_name = "Queue"
+
+    def ready(self):
+        # A qcluster process announces itself so the monitor can tell when dispatchable
+        # work has no live worker to take it.
+        if len(sys.argv) > 1 and sys.argv[1] == "qcluster":
+            from queue_app import heartbeats
+
+            heartbeats.start_worker_heartbeat()

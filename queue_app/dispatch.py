@@ -1,0 +1,144 @@
+"""Dispatch: claim pending jobs into a provider's free slots.
+
+`dispatch(provider_id)` is one short transaction with no network I/O:
+1. lock the provider row (PostgreSQL `FOR NO KEY UPDATE`, which does not block inserts
+   of new jobs that reference it; SQLite's IMMEDIATE transaction already holds the
+   database write lock), so claims for one provider are serialised across processes;
+2. read the slot numbers its processing jobs hold — those jobs are the active slots,
+   there is no counter to drift;
+3. claim the oldest dispatchable pending jobs into the free slot numbers with
+   compare-and-sets that also write the resolved snapshot and a fresh lease;
+4. enqueue their execution in the same transaction (ORM broker: atomic with the claim)
+   or on commit (Redis broker).
+
+Lock order everywhere: provider row, then job rows, then project rows (events).
+"""
+
+import logging
+import os
+import socket
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Q
+from django.db.models.functions import Now
+
+from queue_app import runners, snapshot, transitions
+from queue_app.models import Job, Kind, Provider, Status
+
+log = logging.getLogger(__name__)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def dispatchable_jobs(provider_id: int):
+    """Pending jobs this provider would run now, oldest started first."""
+    return (
+        Job.objects.filter(status=Status.PENDING)
+        .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
+        .exclude(project__kind=Kind.COMFYUI)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
+        .order_by("queued_at", "created_at", "id")
+    )
+
+
+def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
+    """Claim what fits into the provider's free slots. Returns [(job_id, token)] claimed.
+
+    With `hold_one`, the first claimed job is not enqueued: the calling worker runs it
+    itself right away (a freed slot is refilled without a trip through the broker).
+    """
+    from queue_app import tasks
+
+    claimed = []
+    try:
+        with transaction.atomic():
+            provider = (
+                Provider.objects.select_for_update(no_key=True)
+                .filter(pk=provider_id, paused=False)
+                .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=Now()))
+                .first()
+            )
+            if provider is None:
+                return []
+            used = set(
+                Job.objects.filter(active_provider_id=provider_id, status=Status.PROCESSING).values_list("slot", flat=True)
+            )
+            free = [slot for slot in range(provider.concurrency) if slot not in used]
+            if not free:
+                return []
+            candidates = list(dispatchable_jobs(provider_id).select_related("project")[: len(free)])
+            for job, slot in zip(candidates, free, strict=False):
+                token = transitions.job_claim(
+                    job, provider_id=provider_id, slot=slot, snapshot=snapshot.build(job, job.project, provider), owner=""
+                )
+                if token is not None:
+                    claimed.append((job.id, token))
+            to_enqueue = claimed[1:] if hold_one else claimed
+            for job_id, token in to_enqueue:
+                tasks.enqueue_execution(job_id, token)
+    except IntegrityError:
+        # The (provider, slot) unique index caught a double claim: a bug signal, never
+        # a double run. Nothing was written; the next wake-up tries again.
+        log.error("slot constraint refused a claim for provider %s", provider_id, exc_info=True)
+        return []
+    return claimed
+
+
+def wake(*, provider_ids=(), project_ids=()) -> None:
+    """Dispatch right away for these providers, and for the providers (or runners) of
+    these projects' pending jobs. Best effort: the queue service's timer is the net."""
+    provider_ids = set(provider_ids)
+    if project_ids:
+        rows = Job.objects.filter(project_id__in=project_ids, status=Status.PENDING).values_list(
+            "provider_id", "project__provider_id", "project__kind", "project_id"
+        )
+        runner_projects = {}
+        for provider_id, project_provider_id, kind, project_id in rows.distinct():
+            if kind in runners.RUNNERS:
+                runner_projects.setdefault(kind, set()).add(project_id)
+            elif provider_id or project_provider_id:
+                provider_ids.add(provider_id or project_provider_id)
+        for kind, ids in runner_projects.items():
+            try:
+                runners.RUNNERS[kind].wake(ids)
+            except Exception:
+                log.warning("runner %s wake failed", kind, exc_info=True)
+    for provider_id in sorted(provider_ids):
+        try:
+            dispatch(provider_id)
+        except Exception:
+            log.warning("dispatch of provider %s failed; the safety net will retry", provider_id, exc_info=True)
+
+
+def providers_with_work() -> list[int]:
+    """Providers that are not paused or cooling down and have dispatchable pending jobs
+    and a free slot — the safety net's to-do list (two small grouped queries)."""
+    pending = (
+        Job.objects.filter(status=Status.PENDING)
+        .exclude(project__kind=Kind.COMFYUI)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
+        .values_list("provider_id", "project__provider_id")
+        .distinct()
+    )
+    wanted = {job_provider or project_provider for job_provider, project_provider in pending} - {None}
+    if not wanted:
+        return []
+    providers = Provider.objects.filter(id__in=wanted, paused=False).filter(
+        Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=Now())
+    )
+    active = dict(
+        Job.objects.filter(status=Status.PROCESSING, active_provider_id__in=wanted)
+        .values_list("active_provider_id")
+        .annotate(n=Count("id"))
+    )
+    return [p.id for p in providers.order_by("id") if active.get(p.id, 0) < p.concurrency]
+
+
+def ping_safety_net() -> int:
+    """Dispatch every provider that has work and room. Returns how many it claimed."""
+    total = 0
+    for provider_id in providers_with_work():
+        total += len(dispatch(provider_id))
+    return total

@@ -1,0 +1,116 @@
+"""Live events: an outbox row per change, pushed to browsers after commit.
+
+A state change writes its ProjectEvent row in the same transaction as the change, with
+the project's next sequence number; after commit it is offered to the channel layer.
+The layer is best effort (every layer is at-most-once); the rows are the truth, and a
+client that reconnects asks for what it missed after its last sequence number. In the
+embedded default the worker processes cannot reach daphne's in-memory layer, so daphne
+relays new rows itself (see consumers.py).
+"""
+
+import logging
+from collections import defaultdict
+
+from django.db import connection, transaction
+
+from queue_app.models import EventCounter, ProjectEvent
+
+log = logging.getLogger(__name__)
+
+
+def group_name(project_id: int) -> str:
+    return f"project.{project_id}"
+
+
+def emit_many(project_id: int, items: list[tuple[str, object, str, dict]]) -> list[ProjectEvent]:
+    """Record events (kind, job_id, status, payload) for one project. Call inside the
+    transaction of the change. The sequence bump locks the project's counter row until commit, so
+    numbers are gap-free and in commit order per project."""
+    if not items:
+        return []
+    last = _bump(project_id, len(items))
+    first = last - len(items) + 1
+    rows = [
+        ProjectEvent(
+            project_id=project_id,
+            seq=first + offset,
+            kind=kind,
+            job_id=job_id,
+            status=status or "",
+            payload=payload or {},
+        )
+        for offset, (kind, job_id, status, payload) in enumerate(items)
+    ]
+    ProjectEvent.objects.bulk_create(rows)
+    transaction.on_commit(lambda: broadcast(rows))
+    return rows
+
+
+def _bump(project_id: int, n: int) -> int:
+    # One upsert: creates the counter on a project's first event, and the row lock it
+    # takes serialises concurrent emitters until commit (both databases).
+    table = EventCounter._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (project_id, last) VALUES (%s, %s) "
+            f"ON CONFLICT (project_id) DO UPDATE SET last = {table}.last + excluded.last RETURNING last",
+            [project_id, n],
+        )
+        return cursor.fetchone()[0]
+
+
+def last_seq(project_id: int) -> int:
+    return EventCounter.objects.filter(project_id=project_id).values_list("last", flat=True).first() or 0
+
+
+def emit(project_id: int, kind: str, job_id=None, status: str = "", payload: dict | None = None) -> None:
+    emit_many(project_id, [(kind, job_id, status, payload or {})])
+
+
+def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> None:
+    """Events over several projects, taken in project id order so two transactions
+    that touch the same projects lock their rows in the same order (no deadlock)."""
+    by_project = defaultdict(list)
+    for project_id, kind, job_id, status, payload in items:
+        by_project[project_id].append((kind, job_id, status, payload))
+    for project_id in sorted(by_project):
+        emit_many(project_id, by_project[project_id])
+
+
+def as_message(event: ProjectEvent) -> dict:
+    return {
+        "project": event.project_id,
+        "seq": event.seq,
+        "kind": event.kind,
+        "job": str(event.job_id) if event.job_id else None,
+        "status": event.status,
+        "payload": event.payload,
+    }
+
+
+def broadcast(rows: list[ProjectEvent]) -> None:
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        for row in rows:
+            async_to_sync(layer.group_send)(group_name(row.project_id), {"type": "project.event", "event": as_message(row)})
+    except Exception:  # best effort: the outbox row is the truth
+        log.warning("live event broadcast failed", exc_info=True)
+
+
+def broadcast_progress(project_id: int, job_id, progress: float) -> None:
+    """Progress ticks go to open sockets only; they are not stored as events."""
+    try:
+        from asgiref.sync import async_to_sync
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is not None:
+            message = {"project": project_id, "kind": "job.progress", "job": str(job_id), "progress": progress}
+            async_to_sync(layer.group_send)(group_name(project_id), {"type": "project.progress", "event": message})
+    except Exception:
+        log.debug("progress broadcast failed", exc_info=True)

@@ -1,0 +1,230 @@
+"""Executing one claimed job in a worker (the synchronous path and the async hand-off).
+
+run(job_id, token):
+1. re-read the job: go on only if it is processing under our lease token (a redelivered
+   or stale task finds a different token and stops);
+2. record the attempt; keep the lease renewed from a side thread while we work;
+3. a job that still has a remote task id (a retry after a local failure) is adopted:
+   check the task — running → detach again, finished → collect, dead → submit fresh;
+4. otherwise submit: finished outputs go through the output writer, which completes
+   the job; a remote task id is stored (detached) before anything waits on it;
+5. failures are classified: permanent → failed; transient → pending after backoff, up to
+   the provider's maximum attempts; a server delay hint cools the provider down instead;
+6. the slot freed by completion is refilled at once: the worker claims the provider's
+   next job and runs it itself, within a time budget.
+"""
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models import F
+from django.db.models.functions import Greatest, Now
+from django.utils import timezone
+
+from queue_app import backoff, dispatch, failpoints, outputs, transitions
+from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.providers import adapter_for
+from queue_app.providers.base import (
+    AmbiguousError,
+    Finished,
+    PermanentError,
+    ProviderError,
+    Running,
+    Submitted,
+    TransientError,
+)
+from queue_app.snapshot import resolved_job
+
+log = logging.getLogger(__name__)
+
+# How long one worker task keeps refilling its slot before handing back to the broker.
+CARRY_ON_BUDGET_SECONDS = 60
+
+
+class LeaseKeeper:
+    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread; `lost` is set
+    when the renewal matches no row (the job was taken from us)."""
+
+    def __init__(self, job_id, token):
+        self.job_id, self.token = job_id, token
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self):
+        try:
+            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
+                try:
+                    if not transitions.lease_renew(self.job_id, self.token):
+                        self.lost.set()
+                        return
+                except DatabaseError:
+                    log.warning("lease renewal of job %s failed", self.job_id, exc_info=True)
+        finally:
+            connection.close()
+
+
+def _attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> None:
+    fields = dict(finished_at=timezone.now(), outcome=outcome, reason=reason[:2000])
+    if task_id:
+        fields["task_id"] = task_id
+    JobAttempt.objects.filter(id=attempt_id, outcome=JobAttempt.Outcome.RUNNING).update(**fields)
+
+
+def run(job_id, token) -> None:
+    """Execute a claimed job, then keep the freed slot busy with the provider's next job."""
+    started = time.monotonic()
+    next_job = (job_id, token)
+    while next_job is not None:
+        provider_id = execute_one(*next_job)
+        next_job = None
+        if provider_id and time.monotonic() - started < CARRY_ON_BUDGET_SECONDS:
+            claimed = dispatch.dispatch(provider_id, hold_one=True)
+            if claimed:
+                next_job = claimed[0]
+
+
+def execute_one(job_id, token) -> int | None:
+    """Run one job. Returns its provider id when the job left its slot (so the caller
+    may refill it), else None."""
+    close_old_connections()
+    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
+    if (
+        job is None
+        or job.status != Status.PROCESSING
+        or str(job.lease_token) != str(token)
+        or job.task_id
+        and not _adoptable(job)
+    ):
+        return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
+    if not transitions.lease_take(job.id, token, owner=dispatch.worker_name()):
+        return None
+    provider = job.active_provider
+    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker=dispatch.worker_name(), task_id=job.task_id)
+    try:
+        with LeaseKeeper(job.id, token) as keeper:
+            return _execute(job, token, provider, attempt, keeper)
+    except DatabaseError:
+        # The connection is broken (the database restarted, the backend was killed): do
+        # not limp on. The lease expires and the job is healed back to pending.
+        log.error("database error while executing job %s; leaving it to healing", job.id, exc_info=True)
+        connection.close()
+        return None
+
+
+def _adoptable(job: Job) -> bool:
+    # A processing job that already has a task id is normally detached (the poller's);
+    # the worker only runs it when it was claimed fresh with a task id kept from a retry,
+    # which is marked by a live lease (detached jobs have none).
+    return job.lease_expires_at is not None
+
+
+def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper) -> int | None:
+    adapter = adapter_for(provider.family)
+    request = resolved_job(job, provider)
+    failpoints.hit("after_claim_before_submit")
+    try:
+        if job.task_id:
+            result = _adopt(adapter, job, request)
+        else:
+            result = adapter.submit(request)
+    except ProviderError as error:
+        return _handle_failure(job, token, provider, attempt, error)
+    except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
+        log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
+        reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
+        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        transitions.job_fail(job.id, token, reason=reason, error_class="local")
+        return provider.id
+
+    if keeper.lost.is_set():
+        _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "lease lost while the provider worked")
+        return None
+    if isinstance(result, Submitted):
+        failpoints.hit("after_submit_before_task_id")
+        if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=getattr(adapter, "POLL_SECONDS", 30)):
+            _attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, task_id=result.task_id)
+        else:
+            _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the task id was stored", result.task_id)
+        return None
+    return collect_outputs(job, token, provider, attempt, result.outputs)
+
+
+def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, results: list) -> int | None:
+    """Write finished outputs and complete the job; a local failure keeps the task id."""
+    try:
+        count = outputs.write_and_complete(job.id, token, results)
+    except outputs.Fenced:
+        _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
+        return None
+    except outputs.QuotaExceeded as error:
+        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
+        transitions.job_fail(job.id, token, reason=str(error), error_class="local")
+        return provider.id
+    except Exception as error:
+        reason = f"the provider finished but storing the result failed: {error}"
+        log.warning("job %s: %s", job.id, reason)
+        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        transitions.job_fail(job.id, token, reason=reason, error_class="local")
+        return provider.id
+    _attempt_finish(attempt.id, JobAttempt.Outcome.COMPLETED, f"{count} output(s)")
+    return provider.id
+
+
+def _adopt(adapter, job: Job, request):
+    """A retry of a job that still has a remote task id: collect, do not pay again."""
+    try:
+        state = adapter.check(job.task_id, request)
+    except ProviderError:
+        state = Running()  # cannot tell now: keep the task and let the poller look again
+    if isinstance(state, Finished):
+        return state
+    if isinstance(state, Running):
+        return Submitted(task_id=job.task_id)
+    # Dead or expired: forget it and submit fresh.
+    Job.objects.filter(id=job.id, status=Status.PROCESSING).update(task_id="", task_observed_at=None)
+    job.task_id = ""
+    return adapter.submit(request)
+
+
+def cool_down(provider_id: int, seconds: float) -> None:
+    """A provider that answered 429 with a delay dispatches nothing until it passes."""
+    until = Now() + timedelta(seconds=seconds)
+    Provider.objects.filter(id=provider_id, cooldown_until__isnull=True).update(cooldown_until=until)
+    Provider.objects.filter(id=provider_id, cooldown_until__isnull=False).update(
+        cooldown_until=Greatest(F("cooldown_until"), until)
+    )
+
+
+def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:
+    reason = error.reason
+    if isinstance(error, PermanentError):
+        _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        transitions.job_fail(job.id, token, reason=reason, error_class="permanent")
+        return provider.id
+    if isinstance(error, TransientError) and error.delay:
+        cool_down(provider.id, error.delay)
+        _attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, reason)
+        transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
+        return None  # the provider is cooling down: nothing to refill now
+    outcome = JobAttempt.Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else JobAttempt.Outcome.TRANSIENT
+    _attempt_finish(attempt.id, outcome, reason)
+    if job.attempts >= provider.max_attempts:
+        transitions.job_fail(
+            job.id, token, reason=f"gave up after {job.attempts} attempts, last: {reason}", error_class=error.error_class
+        )
+    else:
+        transitions.job_requeue(job.id, token, reason=reason, error_class=error.error_class, delay=backoff.delay(job.attempts))
+    return provider.id

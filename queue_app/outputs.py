@@ -1,0 +1,244 @@
+"""The output writer: every finished job's results become album items here.
+
+1. fetch each output (bytes, a URL through the guarded HTTP client, or text) and write
+   it under a temporary name — outside any transaction;
+2. in one transaction, fenced by the job's lease token: check the storage quota with the
+   real sizes, rename the files into place, upsert one album item per (job, output index),
+   drop items of indexes the new result no longer has, and complete the job.
+
+A worker that lost the job (healed, cleared, retried) matches no row at step 2 and
+writes nothing: no file, no album item. Writing the same output again overwrites it.
+"""
+
+import hashlib
+import io
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+
+from queue_app import failpoints, net, transitions
+from queue_app.models import AccountSettings, AlbumItem, Job, Status
+from queue_app.providers.base import Output
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/webp": "webp",
+    "image/gif": "gif",
+    "video/mp4": "mp4",
+    "video/webm": "webm",
+    "audio/wav": "wav",
+    "audio/x-wav": "wav",
+    "audio/mpeg": "mp3",
+    "audio/mp4": "m4a",
+    "audio/ogg": "ogg",
+    "text/plain": "txt",
+}
+
+
+class QuotaExceeded(Exception):
+    pass
+
+
+class Fenced(Exception):
+    """The job is no longer ours: write nothing."""
+
+
+@dataclass
+class Prepared:
+    output: Output
+    tmp_path: Path | None
+    name: str  # storage name relative to MEDIA_ROOT
+    size: int
+    sha256: str
+    content_type: str
+    width: int | None
+    height: int | None
+    poster_tmp: Path | None = None
+    poster_name: str = ""
+
+
+def usage_bytes(user_id: int, *, excluding_job=None) -> int:
+    items = AlbumItem.objects.filter(owner_id=user_id)
+    if excluding_job is not None:
+        items = items.exclude(job_id=excluding_job)
+    return items.aggregate(total=Sum("size"))["total"] or 0
+
+
+def storage_limit(user_id: int) -> int:
+    row = AccountSettings.objects.filter(user_id=user_id).values_list("storage_limit_bytes", flat=True).first()
+    return row if row is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES
+
+
+def _dimensions(data: bytes, content_type: str) -> tuple[int | None, int | None]:
+    if not content_type.startswith("image/"):
+        return None, None
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Exception:
+        return None, None
+
+
+def _write_tmp(data: bytes) -> Path:
+    tmp_dir = Path(settings.MEDIA_ROOT) / "tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    path = tmp_dir / f"{uuid.uuid4().hex}.part"
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return path
+
+
+def prepare(job: Job, index: int, output: Output) -> Prepared:
+    if output.kind == "text":
+        text = output.text or ""
+        encoded = text.encode()
+        return Prepared(output, None, "", len(encoded), hashlib.sha256(encoded).hexdigest(), "text/plain", None, None)
+    data, content_type = output.data, output.content_type
+    if data is None:
+        if not output.url:
+            raise ValueError(f"output {index} has neither data nor a URL")
+        data, served_type = net.download(output.url, headers=output.headers)
+        content_type = content_type or served_type
+    content_type = content_type or "application/octet-stream"
+    ext = EXTENSIONS.get(content_type, "bin")
+    width, height = output.width, output.height
+    if width is None:
+        width, height = _dimensions(data, content_type)
+    prepared = Prepared(
+        output=output,
+        tmp_path=_write_tmp(data),
+        name=f"album/{job.project_id}/{job.id}-{index}.{ext}",
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        content_type=content_type,
+        width=width,
+        height=height,
+    )
+    if output.poster:
+        prepared.poster_tmp = _write_tmp(output.poster)
+        prepared.poster_name = f"album/{job.project_id}/{job.id}-{index}.poster.jpg"
+        prepared.size += len(output.poster)
+    return prepared
+
+
+def _discard(prepared: list[Prepared]) -> None:
+    for item in prepared:
+        for path in (item.tmp_path, item.poster_tmp):
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+
+def write_and_complete(job_id, token, outputs: list[Output]) -> int:
+    """Store the outputs as album items and complete the job, fenced by `token`.
+    Returns the number of items written. Raises Fenced, QuotaExceeded or a download error."""
+    job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).first()
+    if job is None:
+        raise Fenced(job_id)
+    if not outputs:
+        raise ValueError("the provider reported success but returned no output")
+    prepared = []
+    try:
+        for index, output in enumerate(outputs):
+            prepared.append(prepare(job, index, output))
+        failpoints.hit("after_download_before_album")
+        _commit(job, token, prepared)
+    except BaseException:
+        _discard(prepared)
+        raise
+    return len(prepared)
+
+
+def _commit(job: Job, token, prepared: list[Prepared]) -> None:
+    media = Path(settings.MEDIA_ROOT)
+    replaced_files = []
+    with transaction.atomic():
+        # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
+        # retry until we commit: between this check and the commit the job stays ours.
+        locked = Job.objects.select_for_update().filter(id=job.id, lease_token=token, status=Status.PROCESSING).first()
+        if locked is None:
+            raise Fenced(job.id)
+        new_bytes = sum(item.size for item in prepared)
+        used = usage_bytes(job.owner_id, excluding_job=job.id)
+        limit = storage_limit(job.owner_id)
+        if used + new_bytes > limit:
+            raise QuotaExceeded(
+                f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "
+                f"{max(0, limit - used) / 1e6:.1f} MB of {limit / 1e6:.0f} MB is left"
+            )
+        snap = locked.resolved or {}
+        existing = {item.output_index: item for item in AlbumItem.objects.filter(job_id=job.id)}
+        for index, item in enumerate(prepared):
+            if item.tmp_path is not None:
+                (media / item.name).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(item.tmp_path, media / item.name)
+                item.tmp_path = None
+            if item.poster_tmp is not None:
+                os.replace(item.poster_tmp, media / item.poster_name)
+                item.poster_tmp = None
+            old = existing.get(index)
+            if old is not None:
+                for field in ("file", "poster"):
+                    old_name = getattr(old, field).name
+                    if old_name and old_name not in (item.name, item.poster_name):
+                        replaced_files.append(old_name)
+            AlbumItem.objects.update_or_create(
+                job_id=job.id,
+                output_index=index,
+                defaults=dict(
+                    project_id=job.project_id,
+                    owner_id=job.owner_id,
+                    role=item.output.role,
+                    kind=item.output.kind,
+                    file=item.name,
+                    poster=item.poster_name,
+                    text=item.output.text or "",
+                    content_type=item.content_type,
+                    size=item.size,
+                    sha256=item.sha256,
+                    width=item.width,
+                    height=item.height,
+                    prompt=locked.prompt,
+                    metadata={
+                        key: snap.get(key)
+                        for key in (
+                            "provider_name",
+                            "family",
+                            "model",
+                            "aspect_ratio",
+                            "quality",
+                            "resolution",
+                            "format",
+                            "duration",
+                            "sound",
+                        )
+                    },
+                ),
+            )
+        # A retried job overwrites its outputs: layers the new result no longer has go.
+        for index, old in existing.items():
+            if index >= len(prepared):
+                replaced_files.extend(name for name in (old.file.name, old.poster.name) if name)
+                old.delete()
+        failpoints.hit("after_album_before_complete")
+        if not transitions.job_complete(job.id, token):
+            raise Fenced(job.id)
+        transaction.on_commit(lambda: _remove_files(replaced_files))
+
+
+def _remove_files(names: list[str]) -> None:
+    media = Path(settings.MEDIA_ROOT)
+    for name in names:
+        (media / name).unlink(missing_ok=True)

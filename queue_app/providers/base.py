@@ -1,0 +1,111 @@
+"""The one small interface every provider family implements.
+
+An adapter module exposes:
+
+    submit(job: ResolvedJob) -> Finished | Submitted
+    check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed
+    POLL_SECONDS: float        # how often a detached task of this family is checked
+
+and raises PermanentError, TransientError or AmbiguousError. Adapters know nothing of
+Django models, views or the queue's internals: they get a ResolvedJob, return outputs or
+a task id.
+"""
+
+from dataclasses import dataclass, field
+
+
+class ProviderError(Exception):
+    """Base of the three failure classes; `error_class` is what the queue branches on."""
+
+    error_class = "transient"
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PermanentError(ProviderError):
+    """Validation, auth, content policy, model gone: retrying as-is cannot help."""
+
+    error_class = "permanent"
+
+
+class TransientError(ProviderError):
+    """Worth retrying. `delay` is the server's own hint (Retry-After, RetryInfo) in seconds;
+    a hinted delay cools the whole provider down instead of spending the job's attempts."""
+
+    error_class = "transient"
+
+    def __init__(self, reason: str, delay: float | None = None):
+        super().__init__(reason)
+        self.delay = delay
+
+
+class AmbiguousError(ProviderError):
+    """The request may have been accepted (timeout after the body was sent)."""
+
+    error_class = "ambiguous"
+
+
+@dataclass(frozen=True)
+class Output:
+    kind: str  # image | video | audio | text
+    data: bytes | None = None
+    url: str | None = None
+    text: str | None = None
+    content_type: str = ""
+    role: str = "main"  # main | composite | layer
+    width: int | None = None
+    height: int | None = None
+    poster: bytes | None = None  # a video's poster frame, when it was cheap to get
+    headers: dict = field(default_factory=dict)  # sent with the download of `url`
+
+
+@dataclass(frozen=True)
+class Finished:
+    outputs: list
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task_id: str
+
+
+@dataclass(frozen=True)
+class Running:
+    progress: float | None = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    # A dead task (canceled, expired, 404) against one that failed on its merits.
+    permanent: bool = True
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """Everything an adapter may know about a job: its snapshot plus the credentials."""
+
+    job_id: str
+    provider_id: int
+    family: str
+    kind: str
+    model: str
+    prompt: str
+    references: list = field(default_factory=list)
+    aspect_ratio: str = ""
+    quality: str = ""
+    resolution: str = ""
+    format: str = ""
+    background: str = ""
+    duration: int | None = None
+    sound: str = ""
+    system_prompt: str = ""
+    temperature: float | None = None
+    max_tokens: int | None = None
+    params: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+    base_url: str = ""
+    api_key: str = field(default="", repr=False)
+    api_secret: str = field(default="", repr=False)

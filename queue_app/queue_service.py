@@ -1,0 +1,111 @@
+"""The queue service: the recovery scan on start, then the timers.
+
+Shaped like healthchecks' `sendalerts`: a loop of small steps, each returning whether it
+did something, so a test calls one step directly with a controlled clock instead of
+running the loop. The real work (provider calls, downloads) goes to the workers; the
+HTTP checks of detached tasks run here on a bounded thread pool.
+
+Steps and their cadence:
+- heartbeat              every HEARTBEAT_SECONDS
+- heal                   every HEAL_INTERVAL_SECONDS: expired leases → pending
+- dispatch safety net    every DISPATCH_SAFETY_NET_SECONDS: providers with work and room
+- poll detached          every second: jobs whose next_poll_at is due (30 s; Civitai 5 s)
+- runner ticks           every second (ComfyUI runners keep their own 2 s cadence)
+- prune events           every 10 minutes: live-event rows older than a day
+"""
+
+import logging
+import os
+import socket
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+from queue_app import dispatch, heartbeats, polling, recovery, runners
+from queue_app.models import Heartbeat, ProjectEvent
+
+log = logging.getLogger(__name__)
+
+EVENT_RETENTION = timedelta(days=1)
+
+
+class QueueService:
+    def __init__(self):
+        self.name = f"queue_service:{socket.gethostname()}:{os.getpid()}"
+        self.started_at = timezone.now()
+        self.last_run: dict[str, float] = {}
+        self.stopping = False
+
+    def due(self, step: str, every: float) -> bool:
+        now = time.monotonic()
+        if now - self.last_run.get(step, -1e9) >= every:
+            self.last_run[step] = now
+            return True
+        return False
+
+    # --- steps (each returns whether it did something) ---
+
+    def step_heartbeat(self) -> bool:
+        heartbeats.beat(Heartbeat.Role.QUEUE_SERVICE, name=self.name, started_at=self.started_at)
+        return False
+
+    def step_heal(self) -> bool:
+        return recovery.heal() > 0
+
+    def step_dispatch(self) -> bool:
+        return dispatch.ping_safety_net() > 0
+
+    def step_poll(self, now=None) -> bool:
+        return polling.poll_once(now=now) > 0
+
+    def step_runners(self) -> bool:
+        did = False
+        for kind, runner in runners.RUNNERS.items():
+            try:
+                did = bool(runner.tick()) or did
+            except Exception:
+                log.exception("runner %s tick failed", kind)
+        return did
+
+    def step_prune(self) -> bool:
+        deleted, _ = ProjectEvent.objects.filter(created_at__lt=timezone.now() - EVENT_RETENTION).delete()
+        return deleted > 0
+
+    def tick(self) -> bool:
+        """One pass over the steps that are due. Returns whether anything happened."""
+        close_old_connections()
+        did = False
+        if self.due("heartbeat", settings.HEARTBEAT_SECONDS):
+            self.step_heartbeat()
+        if self.due("heal", settings.HEAL_INTERVAL_SECONDS):
+            did = self.step_heal() or did
+        if self.due("dispatch", settings.DISPATCH_SAFETY_NET_SECONDS):
+            did = self.step_dispatch() or did
+        if self.due("poll", 1.0):
+            did = self.step_poll() or did
+        if self.due("runners", 0.5):
+            did = self.step_runners() or did
+        if self.due("prune", 600):
+            self.step_prune()
+        return did
+
+    def run(self, *, max_ticks: int | None = None) -> None:
+        counts = recovery.recover()
+        log.info("recovery scan: %s", counts)
+        ticks = 0
+        while not self.stopping:
+            try:
+                did = self.tick()
+            except Exception:
+                # A broken step must not put the service into a crash loop; the next tick
+                # (with fresh connections) tries again.
+                log.exception("queue service tick failed")
+                did = False
+            ticks += 1
+            if max_ticks is not None and ticks >= max_ticks:
+                return
+            if not did:
+                time.sleep(0.25)

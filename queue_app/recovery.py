@@ -1,0 +1,114 @@
+"""The recovery scan (on every start) and healing (on the queue service's timer).
+
+Both act only on work whose owner is gone — a lease that has expired, or whose owner
+process is known dead on this host — so they are safe while other hosts' workers run.
+
+recover():
+1. running jobs (processing, no task id) whose worker is gone go back to pending, with
+   the interrupted attempt recorded: recovery by retry, not exactly-once;
+2. detached jobs (processing with a task id) keep their slots; they are polled at once
+   and their processing-timeout window restarts, as the product documents;
+3. runners (ComfyUI) adopt their in-flight work;
+4. every provider with pending work is dispatched: pending jobs are dispatchable again.
+It walks the tables in id-ordered batches, so memory stays flat at any size.
+"""
+
+import logging
+
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from queue_app import dispatch, heartbeats, runners, transitions
+from queue_app.models import Job, JobAttempt, Kind, Status
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000
+
+
+def _batches(queryset):
+    """Yield lists of (id, …) rows in primary-key order without loading the table."""
+    last = None
+    while True:
+        page = queryset.order_by("id")
+        if last is not None:
+            page = page.filter(id__gt=last)
+        rows = list(page[:BATCH])
+        if not rows:
+            return
+        yield rows
+        last = rows[-1][0]
+
+
+def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool) -> str | None:
+    """Return one stalled running job to pending (or fail it when its attempts are used
+    up), recording the interrupted attempt."""
+    reason = "worker stopped while running the job; retried" if attempts < max_attempts else ""
+    if attempts >= max_attempts:
+        done = transitions.job_fail_stalled(
+            job_id, reason=f"gave up after {attempts} attempts, last: the worker stopped while running the job"
+        )
+        outcome = "failed" if done else None
+    else:
+        done = transitions.job_heal(job_id, reason=reason, dead_owner=lease_owner if dead_owner else None)
+        outcome = "healed" if done else None
+    if done:
+        JobAttempt.objects.filter(job_id=job_id, outcome=JobAttempt.Outcome.RUNNING).update(
+            outcome=JobAttempt.Outcome.INTERRUPTED, finished_at=timezone.now(), reason="worker stopped"
+        )
+    return outcome
+
+
+def heal(*, include_dead_owners: bool = True) -> int:
+    """Heal running jobs whose lease expired (or whose owner died on this host)."""
+    stalled = (
+        Job.objects.filter(status=Status.PROCESSING, task_id="")
+        .exclude(project__kind__in=list(runners.RUNNERS))
+        .values_list("id", "lease_owner", "attempts", "active_provider__max_attempts", "lease_expires_at")
+    )
+    now = timezone.now()
+    healed = 0
+    for rows in _batches(stalled.filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
+        for job_id, owner, attempts, max_attempts, _ in rows:
+            if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=False):
+                healed += 1
+    # A retry that was adopting a kept task id when its worker stopped: the remote task
+    # still holds the slot, so it becomes an ordinary detached job, polled at once.
+    healed += (
+        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
+        .exclude(task_id="")
+        .exclude(project__kind__in=list(runners.RUNNERS))
+        .update(lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None)
+    )
+    if include_dead_owners:
+        for rows in _batches(stalled.filter(lease_expires_at__gte=now)):
+            for job_id, owner, attempts, max_attempts, _ in rows:
+                if owner and heartbeats.owner_is_dead(owner):
+                    if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True):
+                        healed += 1
+    return healed
+
+
+def recover() -> dict:
+    """The recovery scan. Returns counts of what it did."""
+    counts = {"healed": 0, "detached_resumed": 0, "runner_adopted": 0, "dispatched": 0}
+    counts["healed"] = heal()
+    now = timezone.now()
+    detached = (
+        Job.objects.filter(status=Status.PROCESSING).exclude(task_id="").exclude(project__kind=Kind.COMFYUI).values_list("id")
+    )
+    for rows in _batches(detached):
+        ids = [row[0] for row in rows]
+        counts["detached_resumed"] += (
+            Job.objects.filter(id__in=ids, status=Status.PROCESSING)
+            .exclude(task_id="")
+            .update(next_poll_at=now, poll_claimed_until=None, task_observed_at=now)
+        )
+    for kind, runner in runners.RUNNERS.items():
+        try:
+            counts["runner_adopted"] += runner.recover() or 0
+        except Exception:
+            log.exception("runner %s recovery failed", kind)
+    counts["dispatched"] = dispatch.ping_safety_net()
+    return counts

@@ -1,0 +1,302 @@
+"""Every change of a job's status, each one compare-and-set.
+
+    draft ──start──▶ pending ──claim──▶ processing ──complete──▶ completed
+      ▲                │ ▲                 │  │
+      └───unstart──────┘ └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
+
+A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
+one row changed. From the wrong state it is a no-op that returns False — never an
+exception, never a partial write: losing a race is a normal outcome. Transitions that
+leave `processing` free the slot in the same UPDATE and wake dispatch after commit.
+Each one records its live event in the same transaction.
+"""
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from queue_app import events
+from queue_app.models import Job, Status
+
+SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
+
+
+def _lease_expiry(seconds: float | None = None):
+    return Now() + timedelta(seconds=seconds if seconds is not None else settings.LEASE_TTL_SECONDS)
+
+
+def _after_commit_wake(provider_ids=(), project_ids=()):
+    from queue_app import dispatch
+
+    provider_ids = {pid for pid in provider_ids if pid}
+    project_ids = {pid for pid in project_ids if pid}
+    if provider_ids or project_ids:
+        transaction.on_commit(lambda: dispatch.wake(provider_ids=provider_ids, project_ids=project_ids))
+
+
+def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started") -> list:
+    """draft/failed → pending (start, retry). Returns the ids that moved.
+
+    A retry keeps the task id: a job that failed locally after its provider succeeded
+    collects the existing result instead of paying for a new one.
+    """
+    allowed = set(from_statuses) & {Status.DRAFT, Status.FAILED}
+    with transaction.atomic():
+        # Lock the candidates (PostgreSQL; SQLite's IMMEDIATE transaction already holds
+        # the write lock) so the ids we report are exactly the rows we moved.
+        rows = list(
+            Job.objects.select_for_update(of=("self",))
+            .filter(id__in=list(job_ids), status__in=allowed)
+            .values_list("id", "project_id", "provider_id", "project__provider_id")
+        )
+        if not rows:
+            return []
+        ids = [row[0] for row in rows]
+        Job.objects.filter(id__in=ids, status__in=allowed).update(
+            status=Status.PENDING,
+            error="",
+            error_class="",
+            not_before=None,
+            attempts=0,
+            queued_at=timezone.now(),
+            finished_at=None,
+            progress=None,
+            poll_failures=0,
+        )
+        events.emit_grouped([(project_id, kind, job_id, Status.PENDING, {}) for job_id, project_id, _, _ in rows])
+        _after_commit_wake(
+            provider_ids={row[2] or row[3] for row in rows},
+            project_ids={row[1] for row in rows},
+        )
+    return ids
+
+
+def job_unstart(job_id) -> bool:
+    """pending → draft, for a job no worker has claimed yet."""
+    with transaction.atomic():
+        job = Job.objects.filter(id=job_id).values("project_id").first()
+        if not job:
+            return False
+        if not Job.objects.filter(id=job_id, status=Status.PENDING).update(status=Status.DRAFT, queued_at=None):
+            return False
+        events.emit(job["project_id"], "job.unstarted", job_id, Status.DRAFT)
+    return True
+
+
+def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: str) -> uuid.UUID | None:
+    """pending → processing, into a free slot of `provider_id`, with the resolved snapshot
+    and a fresh lease. Call inside dispatch's transaction, which holds the provider lock.
+    Returns the lease token, or None when the job was no longer pending."""
+    token = uuid.uuid4()
+    changed = (
+        Job.objects.filter(id=job.id, status=Status.PENDING)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
+        .update(
+            status=Status.PROCESSING,
+            active_provider_id=provider_id,
+            slot=slot,
+            resolved=snapshot,
+            lease_owner=owner,
+            lease_token=token,
+            # Until a worker takes it (lease_take), the claim waits in the broker: a
+            # longer lease, so a busy broker does not get its claims healed away.
+            lease_expires_at=_lease_expiry(settings.CLAIM_TTL_SECONDS),
+            attempts=F("attempts") + 1,
+            started_at=timezone.now(),
+            not_before=None,
+            progress=None,
+            poll_failures=0,
+            next_poll_at=None,
+            poll_claimed_until=None,
+        )
+    )
+    if not changed:
+        return None
+    events.emit(job.project_id, "job.claimed", job.id, Status.PROCESSING, {"slot": slot})
+    return token
+
+
+def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) -> uuid.UUID | None:
+    """pending → processing for a job that runs without a provider slot (ComfyUI: its
+    runner keeps its own per-instance limit)."""
+    token = uuid.uuid4()
+    with transaction.atomic():
+        changed = Job.objects.filter(id=job_id, status=Status.PENDING).update(
+            status=Status.PROCESSING,
+            resolved=snapshot,
+            lease_owner=owner,
+            lease_token=token,
+            lease_expires_at=_lease_expiry(),
+            attempts=F("attempts") + 1,
+            started_at=timezone.now(),
+            not_before=None,
+            progress=None,
+            poll_failures=0,
+        )
+        if not changed:
+            return None
+        events.emit(project_id, "job.claimed", job_id, Status.PROCESSING)
+    return token
+
+
+def lease_take(job_id, token, *, owner: str) -> bool:
+    """A worker starts executing a claimed job: the lease becomes its own."""
+    return bool(
+        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+            lease_owner=owner, lease_expires_at=_lease_expiry()
+        )
+    )
+
+
+def lease_renew(job_id, token) -> bool:
+    """Extend a running job's lease; False means the job is no longer ours."""
+    return bool(
+        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(lease_expires_at=_lease_expiry())
+    )
+
+
+def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
+    """processing (running) → processing (detached): store the remote task id before
+    anything waits on it. The job keeps its slot; the lease gives way to polling."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
+        if not job:
+            return False
+        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+            task_id=task_id,
+            task_observed_at=now,
+            next_poll_at=now + timedelta(seconds=poll_seconds),
+            lease_owner="",
+            lease_expires_at=None,
+            poll_claimed_until=None,
+            poll_failures=0,
+        )
+        if changed:
+            events.emit(job["project_id"], "job.detached", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
+    return bool(changed)
+
+
+def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
+    with transaction.atomic():
+        job = (
+            Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
+            .values("project_id", "active_provider_id")
+            .first()
+        )
+        if not job:
+            return False
+        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+            status=new_status, **SLOT_RELEASED, **fields
+        )
+        if not changed:
+            return False
+        events.emit(job["project_id"], kind, job_id, new_status, payload)
+        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
+    return True
+
+
+def job_complete(job_id, token) -> bool:
+    """processing → completed; frees the slot. Call inside the output writer's transaction
+    so the album items and the completion commit together."""
+    return _leave_processing(
+        job_id,
+        token,
+        new_status=Status.COMPLETED,
+        kind="job.completed",
+        fields=dict(error="", error_class="", finished_at=timezone.now(), progress=1.0, lease_token=None),
+        payload={},
+    )
+
+
+def job_fail(job_id, token, *, reason: str, error_class: str, keep_task_id: bool = True) -> bool:
+    """processing → failed with a readable reason; frees the slot. The task id stays
+    unless the remote task is known dead, so a retry can collect an existing result."""
+    fields = dict(error=reason[:2000], error_class=error_class, finished_at=timezone.now(), lease_token=None)
+    if not keep_task_id:
+        fields.update(task_id="", task_observed_at=None, next_poll_at=None)
+    return _leave_processing(
+        job_id,
+        token,
+        new_status=Status.FAILED,
+        kind="job.failed",
+        fields=fields,
+        payload={"error": reason[:300], "error_class": error_class},
+    )
+
+
+def job_requeue(job_id, token, *, reason: str, error_class: str, delay: float = 0, refund_attempt: bool = False) -> bool:
+    """processing → pending, to be tried again after `delay` seconds (backoff). A
+    rate-limited attempt is refunded: the provider's cool-down, not the job, paid for it."""
+    fields = dict(
+        error=reason[:2000],
+        error_class=error_class,
+        not_before=timezone.now() + timedelta(seconds=delay) if delay > 0 else None,
+        lease_token=None,
+        task_id="",
+        task_observed_at=None,
+        next_poll_at=None,
+    )
+    if refund_attempt:
+        fields["attempts"] = F("attempts") - 1
+    return _leave_processing(
+        job_id, token, new_status=Status.PENDING, kind="job.requeued", fields=fields, payload={"error": reason[:300]}
+    )
+
+
+def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
+    """processing (running, lease expired — or its owner known dead) → pending.
+
+    Only a job without a remote task id: a detached job's remote work still holds
+    provider capacity, so it keeps its slot and is polled instead.
+    """
+    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
+    if dead_owner:
+        lease_gone |= Q(lease_owner=dead_owner)
+    with transaction.atomic():
+        job = (
+            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
+            .filter(lease_gone)
+            .values("project_id", "active_provider_id", "lease_token")
+            .first()
+        )
+        if not job:
+            return False
+        changed = (
+            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_token=job["lease_token"])
+            .filter(lease_gone)
+            .update(status=Status.PENDING, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local")
+        )
+        if not changed:
+            return False
+        events.emit(job["project_id"], "job.healed", job_id, Status.PENDING, {"reason": reason})
+        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
+    return True
+
+
+def job_fail_stalled(job_id, *, reason: str) -> bool:
+    """processing (lease expired, attempts used up) → failed: a job that keeps losing its
+    worker is not tried forever."""
+    with transaction.atomic():
+        job = (
+            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_expires_at__lt=Now())
+            .values("project_id", "active_provider_id", "lease_token")
+            .first()
+        )
+        if not job:
+            return False
+        changed = Job.objects.filter(
+            id=job_id, status=Status.PROCESSING, task_id="", lease_token=job["lease_token"], lease_expires_at__lt=Now()
+        ).update(
+            status=Status.FAILED, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local", finished_at=timezone.now()
+        )
+        if not changed:
+            return False
+        events.emit(job["project_id"], "job.failed", job_id, Status.FAILED, {"error": reason})
+        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
+    return True

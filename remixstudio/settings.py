@@ -1,0 +1,230 @@
+"""One settings module, read from the environment (healthchecks style).
+
+No variable is required: without configuration the app runs on SQLite (WAL, IMMEDIATE
+transactions) with django-q2's ORM broker and an in-memory channel layer. Setting
+DATABASE_URL and REDIS_URL switches to PostgreSQL and Redis. Every variable is listed in
+the README's configuration table.
+"""
+
+import base64
+import hashlib
+import os
+import socket
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def envbool(name: str, default: str = "False") -> bool:
+    return os.getenv(name, default).strip().lower() in ("1", "true", "yes", "on")
+
+
+def envint(name: str, default: int) -> int:
+    return int(os.getenv(name) or default)
+
+
+def envfloat(name: str, default: float) -> float:
+    return float(os.getenv(name) or default)
+
+
+def envlist(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.getenv(name, default).split(",") if item.strip()]
+
+
+VAR_DIR = Path(os.getenv("VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = envbool("DEBUG", "True")
+# A development key is fine for the embedded default; production sets SECRET_KEY.
+SECRET_KEY = os.getenv("SECRET_KEY", "dev-only-not-secret-" + "remixstudio" * 4)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
+SITE_URL = os.getenv("SITE_URL", "http://127.0.0.1:8000")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_q",
+    "queue_app",
+    "comfy_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "remixstudio.urls"
+ASGI_APPLICATION = "remixstudio.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# --- Database -------------------------------------------------------------------------
+
+SQLITE_OPTIONS = {
+    # IMMEDIATE takes the write lock at BEGIN, so read-then-write transactions from
+    # several processes wait for each other instead of failing with "database is locked".
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+DATABASE_URL = os.getenv("DATABASE_URL", "")
+TEST_DB_NAME = os.getenv("TEST_DB_NAME", "")
+
+
+def database_from_url(url: str) -> dict:
+    """DATABASES["default"] for a URL, or the SQLite default for an empty one."""
+    if not url:
+        url = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
+    db = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        db["OPTIONS"] = {**SQLITE_OPTIONS, **db.get("OPTIONS", {})}
+        # Several processes share the test database (workers, daphne), so it is a file.
+        db["TEST"] = {"NAME": TEST_DB_NAME or str(VAR_DIR / "test_db.sqlite3")}
+        # SQLite connections are cheap; persistent ones would keep WAL readers pinned.
+        db["CONN_MAX_AGE"] = 0
+    elif TEST_DB_NAME:
+        db["TEST"] = {"NAME": TEST_DB_NAME}
+    return db
+
+
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+FORMS_URLFIELD_ASSUME_HTTPS = True
+
+# --- Redis: broker, channel layer, cache ----------------------------------------------
+
+REDIS_URL = os.getenv("REDIS_URL", "")
+HOSTNAME = socket.gethostname()
+
+QUEUE_WORKERS = envint("QUEUE_WORKERS", 4)
+Q_CLUSTER = {
+    "name": os.getenv("Q_CLUSTER_NAME", "remixstudio"),
+    "workers": QUEUE_WORKERS,
+    # Our Job and JobAttempt rows are the record; django-q2's result rows cost ~8x
+    # throughput (ARCHITECTURE, measured) and tell us nothing new.
+    "save_limit": -1,
+    "timeout": envint("QUEUE_TASK_TIMEOUT", 900),
+    # retry is the broker's visibility timeout: it must exceed any task's run time or
+    # the same task is delivered twice (fencing would make that harmless, not free).
+    "retry": envint("QUEUE_TASK_TIMEOUT", 900) * 2 + 60,
+    "ack_failures": True,
+    "max_attempts": 1,
+    # Prefetched tasks burn their retry window, so keep the local queue short.
+    "queue_limit": QUEUE_WORKERS * 2,
+    "catch_up": False,
+    "poll": envfloat("QUEUE_ORM_POLL", 0.05),
+    "guard_cycle": 0.5,
+    "daemonize_workers": False,
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": os.getenv("CHANNELS_PREFIX", "rs")},
+        }
+    }
+else:
+    # Enqueue joins the surrounding transaction with the ORM broker on "default", so a
+    # claim and the task that runs it commit or roll back together.
+    Q_CLUSTER["orm"] = "default"
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- Auth, static, media --------------------------------------------------------------
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/projects/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(os.getenv("STATIC_ROOT", VAR_DIR / "static"))
+MEDIA_URL = "/media/"
+MEDIA_ROOT = Path(os.getenv("MEDIA_ROOT", VAR_DIR / "media"))
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", "False")
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "False")
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_PROXY") else None
+
+# --- Secrets at rest ------------------------------------------------------------------
+
+
+def derive_fernet_key(secret: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(("fernet:" + secret).encode()).digest()).decode()
+
+
+# Production sets FIELD_ENCRYPTION_KEY (a Fernet key); development derives one from
+# SECRET_KEY so the embedded default needs no configuration.
+FIELD_ENCRYPTION_KEY = os.getenv("FIELD_ENCRYPTION_KEY") or derive_fernet_key(SECRET_KEY)
+
+# --- The queue ------------------------------------------------------------------------
+
+LEASE_TTL_SECONDS = envfloat("LEASE_TTL_SECONDS", 10)
+LEASE_RENEW_SECONDS = envfloat("LEASE_RENEW_SECONDS", 3)
+CLAIM_TTL_SECONDS = envfloat("CLAIM_TTL_SECONDS", 30)
+HEAL_INTERVAL_SECONDS = envfloat("HEAL_INTERVAL_SECONDS", 2)
+DISPATCH_SAFETY_NET_SECONDS = envfloat("DISPATCH_SAFETY_NET_SECONDS", 3)
+HEARTBEAT_SECONDS = envfloat("HEARTBEAT_SECONDS", 5)
+BACKOFF_BASE_SECONDS = envfloat("BACKOFF_BASE_SECONDS", 2)
+BACKOFF_CAP_SECONDS = envfloat("BACKOFF_CAP_SECONDS", 60)
+DEFAULT_MAX_ATTEMPTS = envint("DEFAULT_MAX_ATTEMPTS", 4)
+JOB_PROCESSING_TIMEOUT_MS = envint("JOB_PROCESSING_TIMEOUT_MS", 7_200_000)
+DETACHED_POLL_SECONDS = envfloat("DETACHED_POLL_SECONDS", 30)
+POLL_PARALLELISM = envint("POLL_PARALLELISM", 8)
+JOB_STORAGE_ESTIMATE_BYTES = 25 * 1024 * 1024
+DEFAULT_STORAGE_LIMIT_BYTES = 5 * 1024**3
+# Outbound HTTP: hosts (or host:port) exempt from the private-address guard, and whether
+# plain http is allowed. Tests use these for their loopback fakes.
+OUTBOUND_ALLOWLIST = envlist("OUTBOUND_ALLOWLIST")
+OUTBOUND_ALLOW_HTTP = envbool("OUTBOUND_ALLOW_HTTP", "False")
+OUTBOUND_MAX_BYTES = envint("OUTBOUND_MAX_BYTES", 200 * 1024 * 1024)
+# Demo provider's record of its own calls, readable by any process (tests, benchmarks).
+DEMO_LEDGER_DIR = Path(os.getenv("DEMO_LEDGER_DIR", VAR_DIR / "demo-ledger"))
+# Named failpoints: the process exits at the named point (chaos tests).
+FAILPOINTS = envlist("FAILPOINTS")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
+    "loggers": {"django_q": {"level": os.getenv("Q_LOG_LEVEL", "WARNING")}},
+}

@@ -1,0 +1,120 @@
+"""Personas and helpers shared by the suite.
+
+Personas: `owner` (the user whose things we act on), `outsider` (another user), `staff`.
+Tasks the code enqueues are captured by `inline_tasks` and run when a test says so, so a
+test controls exactly when a worker "picks up" a job.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+import pytest  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from queue_app.models import AccountSettings, Job, Project, Provider, Status  # noqa: E402
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("postgres") and "postgres" not in settings.DATABASES["default"]["ENGINE"]:
+            item.add_marker(pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL)"))
+        if item.get_closest_marker("redis") and not settings.REDIS_URL:
+            item.add_marker(pytest.mark.skip(reason="needs Redis (set REDIS_URL)"))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_files(tmp_path, settings):
+    settings.MEDIA_ROOT = tmp_path / "media"
+    settings.DEMO_LEDGER_DIR = tmp_path / "ledger"
+
+
+def make_user(django_user_model, username, **extra):
+    user = django_user_model.objects.create_user(username=username, password="pw-" + username, **extra)
+    AccountSettings.objects.create(user=user)
+    return user
+
+
+@pytest.fixture
+def owner(django_user_model):
+    return make_user(django_user_model, "owner")
+
+
+@pytest.fixture
+def outsider(django_user_model):
+    return make_user(django_user_model, "outsider")
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return make_user(django_user_model, "staff", is_staff=True, is_superuser=True)
+
+
+def make_provider(owner, *, name="Demo", family="demo", concurrency=1, **options):
+    options.setdefault("latency_ms", 0)
+    return Provider.objects.create(owner=owner, name=name, family=family, concurrency=concurrency, options=options)
+
+
+def make_project(owner, provider=None, *, name="Project", kind="image", **fields):
+    fields.setdefault("model", "demo-image" if provider is not None and provider.family == "demo" else "")
+    return Project.objects.create(owner=owner, name=name, kind=kind, provider=provider, **fields)
+
+
+def make_drafts(project, n=1, prompt="a red fox", **fields):
+    return [Job.objects.create(project=project, owner=project.owner, prompt=f"{prompt} {i}", **fields) for i in range(n)]
+
+
+@pytest.fixture
+def provider(owner):
+    return make_provider(owner)
+
+
+@pytest.fixture
+def project(owner, provider):
+    return make_project(owner, provider)
+
+
+class InlineTasks:
+    """Captures enqueued django-q2 tasks; `run()` executes them like a worker would."""
+
+    def __init__(self):
+        self.queue = []
+
+    def __call__(self, func, *args):
+        self.queue.append((func, args))
+
+    def run(self, limit=None):
+        from django.utils.module_loading import import_string
+
+        ran = 0
+        while self.queue and (limit is None or ran < limit):
+            func, args = self.queue.pop(0)
+            import_string(func)(*args)
+            ran += 1
+        return ran
+
+    def executions(self):
+        return [args for func, args in self.queue if func.endswith("execute_job")]
+
+
+@pytest.fixture
+def inline_tasks(monkeypatch):
+    tasks = InlineTasks()
+    monkeypatch.setattr("queue_app.tasks._enqueue", tasks)
+    return tasks
+
+
+def status_of(job) -> str:
+    return Job.objects.values_list("status", flat=True).get(id=job.id)
+
+
+def statuses(jobs) -> list[str]:
+    return [status_of(job) for job in jobs]
+
+
+__all__ = ["make_provider", "make_project", "make_drafts", "status_of", "statuses", "Status", "is_postgres"]
