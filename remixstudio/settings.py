@@ -118,7 +118,6 @@ def database_from_url(url: str) -> dict:
 
 DATABASES = {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-FORMS_URLFIELD_ASSUME_HTTPS = True
 
 # --- Redis: broker, channel layer, cache ----------------------------------------------
 

@@ -1,0 +1,107 @@
+"""Real processes for tests: qcluster, the queue service, daphne — against the test database.
+
+Use with `@pytest.mark.django_db(transaction=True)` so the children see committed rows.
+Each child runs in its own session; `stop()` sends SIGTERM to its main process only (as
+`run_stack` does) and `kill()` SIGKILLs its whole process group (a crash).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{Path(db['NAME']).resolve()}"
+    user = db.get("USER") or "postgres"
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+
+
+def child_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="remixstudio.settings",
+        DATABASE_URL=database_url(),
+        MEDIA_ROOT=str(settings.MEDIA_ROOT),
+        DEMO_LEDGER_DIR=str(settings.DEMO_LEDGER_DIR),
+        PYTHONUNBUFFERED="1",
+    )
+    if settings.OUTBOUND_ALLOWLIST:
+        env["OUTBOUND_ALLOWLIST"] = ",".join(settings.OUTBOUND_ALLOWLIST)
+    if settings.OUTBOUND_ALLOW_HTTP:
+        env["OUTBOUND_ALLOW_HTTP"] = "True"
+    env.pop("TEST_DB_NAME", None)
+    env.update({key: str(value) for key, value in extra.items()})
+    return env
+
+
+class Proc:
+    def __init__(self, name: str, args: list[str], env: dict, log_dir: Path):
+        self.name = name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "w")
+        self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM to the main process only (graceful), SIGKILL the group after `timeout`."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """A crash: SIGKILL the whole process group, no chance to clean up."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait(timeout=30)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+def manage(name: str, *command: str, log_dir: Path, **env) -> Proc:
+    return Proc(name, [sys.executable, str(ROOT / "manage.py"), *command], child_env(**env), log_dir)
+
+
+def qcluster(log_dir: Path, *, workers: int = 4, **env) -> Proc:
+    return manage("qcluster", "qcluster", log_dir=log_dir, QUEUE_WORKERS=workers, **env)
+
+
+def queue_service(log_dir: Path, **env) -> Proc:
+    return manage("queue_service", "queue_service", log_dir=log_dir, **env)
+
+
+def wait_for(predicate, *, timeout: float = 60, interval: float = 0.2, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {message}")
