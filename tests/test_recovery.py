@@ -1,0 +1,94 @@
+"""The recovery scan and healing: only work whose owner is gone is touched."""
+
+import os
+import socket
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from queue_app import recovery, services
+from queue_app.models import Job, JobAttempt, Provider, Status
+from tests.conftest import make_drafts, make_project, make_provider, status_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed(owner, n=1, concurrency=1, **options):
+    provider = make_provider(owner, concurrency=concurrency, **options)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, n)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    return provider, project, jobs
+
+
+def test_an_expired_lease_is_healed_with_the_interrupted_attempt_recorded(owner, inline_tasks):
+    provider, _, [job] = claimed(owner)
+    Provider.objects.filter(id=provider.id).update(paused=True)  # keep it pending after healing
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1), lease_owner="gone:1")
+    JobAttempt.objects.create(job=job, number=1, worker="gone:1")
+    assert recovery.heal() == 1
+    job.refresh_from_db()
+    assert job.status == Status.PENDING and job.slot is None and "worker stopped" in job.error
+    assert JobAttempt.objects.get(job=job).outcome == "interrupted"
+
+
+def test_a_live_lease_is_never_touched(owner, inline_tasks):
+    _, _, [job] = claimed(owner)
+    Job.objects.filter(id=job.id).update(lease_owner="other-host:4242")
+    assert recovery.heal() == 0
+    assert recovery.recover()["healed"] == 0
+    assert status_of(job) == Status.PROCESSING
+
+
+def test_a_lease_of_a_dead_process_on_this_host_is_healed_without_waiting(owner, inline_tasks):
+    provider, _, [job] = claimed(owner)
+    Provider.objects.filter(id=provider.id).update(paused=True)
+    dead_pid = max(os.getpid() + 100000, 4000000)
+    Job.objects.filter(id=job.id).update(lease_owner=f"{socket.gethostname()}:{dead_pid}")
+    assert recovery.heal() == 1
+    assert status_of(job) == Status.PENDING
+
+
+def test_a_job_that_keeps_losing_its_worker_fails_after_max_attempts(owner, inline_tasks):
+    provider, _, [job] = claimed(owner)
+    Job.objects.filter(id=job.id).update(attempts=provider.max_attempts, lease_expires_at=timezone.now() - timedelta(seconds=1))
+    recovery.heal()
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error.startswith(f"gave up after {provider.max_attempts} attempts")
+
+
+def test_detached_jobs_keep_their_slots_and_are_polled_at_once_with_a_fresh_timeout_window(owner, inline_tasks):
+    _, _, [job] = claimed(owner, mode="async", latency_ms=60000)
+    inline_tasks.run()
+    job.refresh_from_db()
+    assert job.task_id and job.slot == 0
+    old = timezone.now() - timedelta(hours=1)
+    Job.objects.filter(id=job.id).update(next_poll_at=timezone.now() + timedelta(minutes=5), task_observed_at=old)
+    counts = recovery.recover()
+    job.refresh_from_db()
+    assert counts["detached_resumed"] == 1
+    assert job.status == Status.PROCESSING and job.slot == 0
+    assert job.next_poll_at <= timezone.now() and job.task_observed_at > old
+
+
+def test_recovery_dispatches_pending_work(owner, inline_tasks):
+    provider = make_provider(owner, concurrency=2)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, 3)
+    Job.objects.filter(id__in=[j.id for j in jobs]).update(status=Status.PENDING, queued_at=timezone.now())
+    assert recovery.recover()["dispatched"] == 2
+    assert Job.objects.filter(status=Status.PROCESSING).count() == 2
+
+
+def test_the_scan_walks_in_batches(owner, inline_tasks, monkeypatch):
+    monkeypatch.setattr(recovery, "BATCH", 7)
+    provider, project, _ = claimed(owner, n=0)
+    Provider.objects.filter(id=provider.id).update(paused=True, concurrency=30)
+    jobs = make_drafts(project, 30)
+    for slot, job in enumerate(jobs):
+        Job.objects.filter(id=job.id).update(
+            status=Status.PROCESSING, active_provider=provider, slot=slot, lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+    assert recovery.heal() == 30
+    assert Job.objects.filter(status=Status.PENDING).count() == 30

@@ -1,0 +1,47 @@
+"""Settings from the environment: SQLite by default, PostgreSQL and Redis by URL."""
+
+import json
+import subprocess
+import sys
+
+from remixstudio.settings import database_from_url
+
+
+def settings_in_child(**env) -> dict:
+    code = (
+        "import json, django; from django.conf import settings; django.setup();"
+        "print(json.dumps({'db': settings.DATABASES['default'], 'q': settings.Q_CLUSTER,"
+        " 'layer': settings.CHANNEL_LAYERS['default']['BACKEND']}, default=str))"
+    )
+    base = {"DJANGO_SETTINGS_MODULE": "remixstudio.settings", "PATH": "/usr/bin:/bin", "DATABASE_URL": "", "REDIS_URL": ""}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_the_default_is_sqlite_with_wal_and_immediate_transactions():
+    db = database_from_url("")
+    assert db["ENGINE"] == "django.db.backends.sqlite3"
+    assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+    assert "journal_mode=WAL" in db["OPTIONS"]["init_command"]
+    assert db["OPTIONS"]["timeout"] >= 5
+
+
+def test_a_postgres_url_uses_psycopg_with_persistent_checked_connections():
+    db = database_from_url("postgres://app:pw@db.example:5433/remix")
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == ("remix", "app", "pw", "db.example", 5433)
+    assert db["CONN_MAX_AGE"] > 0 and db["CONN_HEALTH_CHECKS"] is True
+
+
+def test_without_redis_the_orm_broker_and_in_memory_layer_are_used():
+    s = settings_in_child()
+    assert s["q"]["orm"] == "default" and "redis" not in s["q"]
+    assert s["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert s["q"]["save_limit"] == -1 and s["q"]["retry"] > s["q"]["timeout"]
+
+
+def test_redis_url_switches_the_broker_and_the_channel_layer():
+    s = settings_in_child(REDIS_URL="redis://cache.example:6380/2", DATABASE_URL="postgres://u@h/db")
+    assert s["q"]["redis"] == "redis://cache.example:6380/2" and "orm" not in s["q"]
+    assert s["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert s["db"]["ENGINE"] == "django.db.backends.postgresql"
