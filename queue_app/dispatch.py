@@ -17,6 +17,8 @@ Lock order everywhere: provider row, then job rows, then project rows (events).
 import logging
 import os
 import socket
+import threading
+from contextlib import contextmanager
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
@@ -26,6 +28,22 @@ from queue_app import runners, snapshot, transitions
 from queue_app.models import Job, Kind, Provider, Status
 
 log = logging.getLogger(__name__)
+
+
+_local = threading.local()
+
+
+@contextmanager
+def refilled_by_caller(provider_id: int):
+    """Within this block, wake-ups skip `provider_id`: the calling worker refills the
+    slot it frees itself (`dispatch(…, hold_one=True)`) instead of handing the next job
+    to the broker, which on the ORM broker costs a poll interval."""
+    previous = getattr(_local, "skip", frozenset())
+    _local.skip = previous | {provider_id}
+    try:
+        yield
+    finally:
+        _local.skip = previous
 
 
 def worker_name() -> str:
@@ -89,7 +107,7 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
 def wake(*, provider_ids=(), project_ids=()) -> None:
     """Dispatch right away for these providers, and for the providers (or runners) of
     these projects' pending jobs. Best effort: the queue service's timer is the net."""
-    provider_ids = set(provider_ids)
+    provider_ids = set(provider_ids) - getattr(_local, "skip", frozenset())
     if project_ids:
         rows = Job.objects.filter(project_id__in=project_ids, status=Status.PENDING).values_list(
             "provider_id", "project__provider_id", "project__kind", "project_id"
@@ -100,6 +118,7 @@ def wake(*, provider_ids=(), project_ids=()) -> None:
                 runner_projects.setdefault(kind, set()).add(project_id)
             elif provider_id or project_provider_id:
                 provider_ids.add(provider_id or project_provider_id)
+        provider_ids -= getattr(_local, "skip", frozenset())
         for kind, ids in runner_projects.items():
             try:
                 runners.RUNNERS[kind].wake(ids)

@@ -87,12 +87,15 @@ def run(job_id, token) -> None:
     """Execute a claimed job, then keep the freed slot busy with the provider's next job."""
     started = time.monotonic()
     next_job = (job_id, token)
-    while next_job is not None:
-        provider_id = execute_one(*next_job)
+    provider_id = Job.objects.filter(id=job_id).values_list("active_provider_id", flat=True).first()
+    while next_job is not None and provider_id:
+        with dispatch.refilled_by_caller(provider_id):
+            freed = execute_one(*next_job)
         next_job = None
-        if provider_id and time.monotonic() - started < CARRY_ON_BUDGET_SECONDS:
-            claimed = dispatch.dispatch(provider_id, hold_one=True)
-            if claimed:
+        if freed:
+            carry_on = time.monotonic() - started < CARRY_ON_BUDGET_SECONDS
+            claimed = dispatch.dispatch(provider_id, hold_one=carry_on)
+            if claimed and carry_on:
                 next_job = claimed[0]
 
 
