@@ -89,15 +89,21 @@ def as_message(event: ProjectEvent) -> dict:
 
 
 def broadcast(rows: list[ProjectEvent]) -> None:
+    """Offer committed events to the channel layer, all in one event loop (one Redis
+    connection per batch, not per event)."""
     try:
         from asgiref.sync import async_to_sync
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
-        if layer is None:
+        if layer is None or not rows:
             return
-        for row in rows:
-            async_to_sync(layer.group_send)(group_name(row.project_id), {"type": "project.event", "event": as_message(row)})
+
+        async def send_all():
+            for row in rows:
+                await layer.group_send(group_name(row.project_id), {"type": "project.event", "event": as_message(row)})
+
+        async_to_sync(send_all)()
     except Exception:  # best effort: the outbox row is the truth
         log.warning("live event broadcast failed", exc_info=True)
 
@@ -114,3 +120,23 @@ def broadcast_progress(project_id: int, job_id, progress: float) -> None:
             async_to_sync(layer.group_send)(group_name(project_id), {"type": "project.progress", "event": message})
     except Exception:
         log.debug("progress broadcast failed", exc_info=True)
+
+
+PROGRESS_WRITE_SECONDS = 1.0
+
+
+def progress(project_id: int, job_id, value: float) -> None:
+    """Report a processing job's progress (e.g. ComfyUI ticks): every tick goes to open
+    sockets; the job row is written at most once a second (the UPDATE's own filter is
+    the throttle, so it holds across processes)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queue_app.models import Job
+
+    now = timezone.now()
+    Job.objects.filter(id=job_id, status="processing", updated_at__lt=now - timedelta(seconds=PROGRESS_WRITE_SECONDS)).update(
+        progress=value, updated_at=now
+    )
+    broadcast_progress(project_id, job_id, value)
