@@ -8,13 +8,17 @@ from queue_app import crypto, net, services
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
+    ApiToken,
     Heartbeat,
     IdempotencyKey,
     Job,
     JobAttempt,
     Project,
     ProjectEvent,
+    ProjectRun,
     Provider,
+    PushOutbox,
+    PushSubscription,
     Status,
 )
 
@@ -191,6 +195,48 @@ class ProjectEventAdmin(admin.ModelAdmin):
 @admin.register(Heartbeat)
 class HeartbeatAdmin(admin.ModelAdmin):
     list_display = ("name", "role", "host", "pid", "started_at", "seen_at")
+
+
+@admin.register(ProjectRun)
+class ProjectRunAdmin(admin.ModelAdmin):
+    list_display = ("project", "opened_at", "closed_at", "total", "completed", "failed")
+    list_filter = ("closed_at",)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the app writes itself; the admin only looks (and may delete)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(PushSubscription)
+class PushSubscriptionAdmin(ReadOnlyAdmin):
+    # The endpoint is a capability URL: never listed in full.
+    list_display = ("id", "user", "push_service", "user_agent", "created_at", "last_used_at")
+    exclude = ("endpoint", "p256dh", "auth")
+
+    @admin.display(description="push service")
+    def push_service(self, obj):
+        from urllib.parse import urlsplit
+
+        return urlsplit(obj.endpoint).hostname
+
+
+@admin.register(PushOutbox)
+class PushOutboxAdmin(ReadOnlyAdmin):
+    list_display = ("id", "run", "subscription_id", "outcome", "attempts", "next_try_at", "sent_at")
+    list_filter = ("outcome",)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyAdmin):
+    # Only a hash is stored; the prefix tells tokens apart.
+    list_display = ("name", "owner", "prefix", "created_at", "last_used_at")
+    exclude = ("token_hash",)
 
 
 admin.site.register(AccountSettings)

@@ -30,3 +30,12 @@ def decrypt(token: str) -> str:
 def hint(value: str) -> str:
     """What a page may show of a secret: at most its last four characters."""
     return f"…{value[-4:]}" if value and len(value) >= 8 else ("set" if value else "")
+
+
+def redact(text: str, secrets) -> str:
+    """`text` with every secret replaced: providers echo keys in error messages
+    ("Incorrect API key provided: sk-…"), and reasons are stored, rendered and logged."""
+    for secret in secrets:
+        if secret and len(secret) >= 6:
+            text = text.replace(secret, "[redacted]")
+    return text

@@ -46,6 +46,24 @@ def refilled_by_caller(provider_id: int):
         _local.skip = previous
 
 
+@contextmanager
+def deferred_wakes():
+    """Within this block, wake-ups only collect provider and project ids; they are
+    dispatched once at the end. The recovery scan heals thousands of jobs: one dispatch
+    per provider, not one per healed job."""
+    outer = getattr(_local, "deferred", None)
+    if outer is not None:
+        yield
+        return
+    _local.deferred = ({}, set(), set())
+    try:
+        yield
+    finally:
+        _, provider_ids, project_ids = _local.deferred
+        _local.deferred = None
+        wake(provider_ids=provider_ids, project_ids=project_ids)
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -107,6 +125,11 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
 def wake(*, provider_ids=(), project_ids=()) -> None:
     """Dispatch right away for these providers, and for the providers (or runners) of
     these projects' pending jobs. Best effort: the queue service's timer is the net."""
+    deferred = getattr(_local, "deferred", None)
+    if deferred is not None:
+        deferred[1].update(provider_ids)
+        deferred[2].update(project_ids)
+        return
     provider_ids = set(provider_ids) - getattr(_local, "skip", frozenset())
     if project_ids:
         rows = Job.objects.filter(project_id__in=project_ids, status=Status.PENDING).values_list(

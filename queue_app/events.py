@@ -131,12 +131,12 @@ def progress(project_id: int, job_id, value: float) -> None:
     the throttle, so it holds across processes)."""
     from datetime import timedelta
 
+    from django.db.models import Q
     from django.utils import timezone
 
     from queue_app.models import Job
 
     now = timezone.now()
-    Job.objects.filter(id=job_id, status="processing", updated_at__lt=now - timedelta(seconds=PROGRESS_WRITE_SECONDS)).update(
-        progress=value, updated_at=now
-    )
+    stale = Q(progress__isnull=True) | Q(updated_at__lt=now - timedelta(seconds=PROGRESS_WRITE_SECONDS))
+    Job.objects.filter(stale, id=job_id, status="processing").update(progress=value, updated_at=now)
     broadcast_progress(project_id, job_id, value)

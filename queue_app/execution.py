@@ -25,10 +25,12 @@ from django.db.models import F
 from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
-from queue_app import backoff, dispatch, failpoints, outputs, transitions
+from queue_app import backoff, dispatch, failpoints, outputs, providers, transitions
+from queue_app.crypto import redact
 from queue_app.models import Job, JobAttempt, Provider, Status
-from queue_app.providers import adapter_for
+from queue_app.providers import adapter_for, poll_seconds
 from queue_app.providers.base import (
+    AccountError,
     AmbiguousError,
     Finished,
     PermanentError,
@@ -138,11 +140,19 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     adapter = adapter_for(provider.family)
     request = resolved_job(job, provider)
     failpoints.hit("after_claim_before_submit")
+    if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
+        # Claimed before another job's 429 cooled the provider down: do not send it into
+        # the Retry-After window. The attempt is refunded like the 429 itself.
+        _attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
+        transitions.job_requeue(
+            job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
+        )
+        return None
     try:
         if job.task_id:
             result = _adopt(adapter, job, request)
         else:
-            result = adapter.submit(request)
+            result = providers.call(request, adapter.submit, request)
     except ProviderError as error:
         return _handle_failure(job, token, provider, attempt, error)
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
@@ -157,7 +167,7 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
-        if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=getattr(adapter, "POLL_SECONDS", 30)):
+        if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=poll_seconds(provider.family)):
             _attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, task_id=result.task_id)
         else:
             _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the task id was stored", result.task_id)
@@ -177,7 +187,7 @@ def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, re
         transitions.job_fail(job.id, token, reason=str(error), error_class="local")
         return provider.id
     except Exception as error:
-        reason = f"the provider finished but storing the result failed: {error}"
+        reason = redact(f"the provider finished but storing the result failed: {error}", (provider.api_key, provider.api_secret))
         log.warning("job %s: %s", job.id, reason)
         _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
@@ -189,7 +199,7 @@ def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, re
 def _adopt(adapter, job: Job, request):
     """A retry of a job that still has a remote task id: collect, do not pay again."""
     try:
-        state = adapter.check(job.task_id, request)
+        state = providers.call(request, adapter.check, job.task_id, request)
     except ProviderError:
         state = Running()  # cannot tell now: keep the task and let the poller look again
     if isinstance(state, Finished):
@@ -197,9 +207,9 @@ def _adopt(adapter, job: Job, request):
     if isinstance(state, Running):
         return Submitted(task_id=job.task_id)
     # Dead or expired: forget it and submit fresh.
-    Job.objects.filter(id=job.id, status=Status.PROCESSING).update(task_id="", task_observed_at=None)
+    Job.objects.filter(id=job.id, status=Status.PROCESSING, lease_token=job.lease_token).update(task_id="", task_observed_at=None)
     job.task_id = ""
-    return adapter.submit(request)
+    return providers.call(request, adapter.submit, request)
 
 
 def cool_down(provider_id: int, seconds: float) -> None:
@@ -213,6 +223,14 @@ def cool_down(provider_id: int, seconds: float) -> None:
 
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:
     reason = error.reason
+    if isinstance(error, AccountError):
+        # Not this job's fault: pause the provider until a person fixes the account, and
+        # keep the job queued for then.
+        Provider.objects.filter(id=provider.id).update(paused=True, paused_reason=reason[:300])
+        log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
+        _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
+        return None
     if isinstance(error, PermanentError):
         _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="permanent")

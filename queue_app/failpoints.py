@@ -15,6 +15,7 @@ NAMES = {
     "after_download_before_album",
     "after_album_before_complete",
     "mid_poll",
+    "push_after_close",  # a finish recorded, its notifications not sent yet
 }
 
 

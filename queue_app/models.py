@@ -70,6 +70,8 @@ class Provider(models.Model):
     concurrency = models.PositiveIntegerField(default=1)
     max_attempts = models.PositiveSmallIntegerField(default=settings.DEFAULT_MAX_ATTEMPTS)
     paused = models.BooleanField(default=False)
+    # Why the queue paused it (a rejected key, no credit); empty when a person did.
+    paused_reason = models.CharField(max_length=300, blank=True, default="")
     cooldown_until = models.DateTimeField(null=True, blank=True)
     # custom alias -> base model id of the catalogue
     model_aliases = models.JSONField(default=dict, blank=True)
@@ -188,6 +190,8 @@ class Job(models.Model):
             models.Index(fields=["owner", "status"], name="job_owner_status"),
             models.Index(fields=["status", "next_poll_at"], name="job_status_poll"),
             models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
+            # the Queue Monitor's job list, newest first, reads this index backwards
+            models.Index(fields=["created_at", "id"], name="job_created"),
         ]
         constraints = [
             # The database's own backstop for the concurrency limit: one job per slot.
@@ -352,3 +356,107 @@ class IdempotencyKey(models.Model):
 
     def __str__(self):
         return f"idempotency key of user {self.owner_id}"
+
+
+class ApiToken(models.Model):
+    """A personal API token (JSON API and MCP). Only a SHA-256 of the token is stored; the
+    token itself is shown once, when it is created."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    # the first characters of the token, so its owner can tell tokens apart
+    prefix = models.CharField(max_length=16)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+
+    def __str__(self):
+        return f"API token {self.prefix}… of user {self.owner_id}"
+
+
+class VapidKeys(models.Model):
+    """The server's Web Push (VAPID) key pair when none is configured in the environment:
+    a single row (id 1), so processes that start at the same time converge on one pair."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    public_key = models.CharField(max_length=100)
+    # Fernet token of the raw private key (base64url), like provider keys.
+    private_key_encrypted = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "VAPID keys"
+
+    def __str__(self):
+        return "VAPID keys"
+
+
+class PushSubscription(models.Model):
+    """One browser (device) that switched notifications on. The endpoint is a capability
+    URL: it is never logged or rendered in full."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="push_subscriptions")
+    endpoint = models.URLField(max_length=2048, unique=True)
+    p256dh = models.CharField(max_length=256)
+    auth = models.CharField(max_length=256)
+    user_agent = models.CharField(max_length=300, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self):
+        return f"push subscription {self.pk} of user {self.user_id}"
+
+
+class ProjectRun(models.Model):
+    """One stretch of work of a project: opened when jobs become pending, closed exactly
+    once (a compare-and-set) when none is pending or processing any more. Closing it
+    records the counts and the notifications to send, in one transaction."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="runs")
+    opened_at = models.DateTimeField()
+    # the last time jobs were started in this run (the settle delay counts from it too)
+    last_started_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["project", "opened_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["project"], condition=Q(closed_at__isnull=True), name="run_one_open_per_project")
+        ]
+
+    def __str__(self):
+        return f"run {self.pk} of project {self.project_id}"
+
+
+class PushOutbox(models.Model):
+    """One notification for one device, written in the transaction that closed its run,
+    so a process that dies before sending leaves it for the next one."""
+
+    run = models.ForeignKey(ProjectRun, on_delete=models.CASCADE, related_name="pushes")
+    subscription = models.ForeignKey(PushSubscription, on_delete=models.CASCADE, related_name="outbox")
+    payload = models.JSONField(default=dict)
+    # "" while it is to be sent; then sent | failed
+    outcome = models.CharField(max_length=10, blank=True, default="")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_try_at = models.DateTimeField()
+    # a sender's short claim, so two queue services never send the same row at once
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["run", "subscription"], name="push_one_per_run_and_device")]
+        indexes = [models.Index(fields=["outcome", "next_try_at"], name="push_outbox_due")]
+
+    def __str__(self):
+        return f"push of run {self.run_id} to subscription {self.subscription_id}"

@@ -5,7 +5,12 @@
 - `https` only unless OUTBOUND_ALLOW_HTTP is set;
 - no private, loopback, link-local (cloud metadata) or otherwise non-public addresses,
   checked on every hop of a redirect, unless the host is on OUTBOUND_ALLOWLIST;
-- never retries on its own (a POST to a paid API must not be sent twice by a library).
+- never retries on its own (a POST to a paid API must not be sent twice by a library);
+- credentials (Authorization, API-key headers, cookies) are not carried across a redirect
+  to another origin.
+
+Known gap: the host is resolved once for the check and again by the connection, so a
+name that changes its answer in between (DNS rebinding) is not caught here.
 """
 
 import ipaddress
@@ -40,6 +45,11 @@ def _public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+def _resolve(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to. Tests replace this (there is no DNS in CI)."""
+    return [info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)]
+
+
 def check_url(url: str) -> None:
     """Raise UnsafeURL unless `url` may be fetched. Resolves the host: every address it
     resolves to must be public (a name that also points inside is refused)."""
@@ -58,12 +68,14 @@ def check_url(url: str) -> None:
     if parts.scheme != "https" and not (parts.scheme == "http" and settings.OUTBOUND_ALLOW_HTTP):
         raise UnsafeURL(f"only https URLs are allowed, not {parts.scheme!r}")
     try:
-        infos = socket.getaddrinfo(host, port or (443 if parts.scheme == "https" else 80), proto=socket.IPPROTO_TCP)
-    except socket.gaierror as exc:
+        addresses = _resolve(host, port or (443 if parts.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError) as exc:
         raise UnsafeURL(f"cannot resolve {host!r}: {exc}") from None
-    for info in infos:
-        if not _public(info[4][0]):
-            raise UnsafeURL(f"{host!r} resolves to a non-public address ({info[4][0]})")
+    if not addresses:
+        raise UnsafeURL(f"cannot resolve {host!r}")
+    for address in addresses:
+        if not _public(address):
+            raise UnsafeURL(f"{host!r} resolves to a non-public address ({address})")
 
 
 def validate_base_url(url: str) -> str:
@@ -77,6 +89,19 @@ def validate_base_url(url: str) -> str:
 
 _session = requests.Session()
 _session.trust_env = False
+
+# Dropped from a request that a redirect sends to another origin (requests does the same
+# for Authorization when it follows redirects itself; we follow them by hand).
+CREDENTIAL_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-goog-api-key", "x-api-key", "api-key"}
+
+
+def _origin(url: str) -> tuple:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+def _without_credentials(headers) -> dict:
+    return {key: value for key, value in (headers or {}).items() if key.lower() not in CREDENTIAL_HEADERS}
 
 
 def request(
@@ -95,8 +120,11 @@ def request(
         check_url(url)
         response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
         if response.is_redirect and method.upper() in ("GET", "HEAD"):
-            url = urljoin(url, response.headers["location"])
+            next_url = urljoin(url, response.headers["location"])
             response.close()
+            if _origin(next_url) != _origin(url) and "headers" in kwargs:
+                kwargs["headers"] = _without_credentials(kwargs["headers"])
+            url = next_url
             continue
         _read_capped(response, max_bytes)
         return response
@@ -124,3 +152,97 @@ def download(url: str, *, headers: dict | None = None, max_bytes: int | None = N
     response = request("GET", url, headers=headers or {}, max_bytes=max_bytes)
     response.raise_for_status()
     return response.content, response.headers.get("content-type", "").split(";")[0].strip()
+
+
+class Stalled(IOError):
+    """A streamed download received no data for too long, or ran past its overall limit."""
+
+
+def stream_to_file(
+    url: str,
+    path,
+    *,
+    headers: dict | None = None,
+    idle_timeout: float = 60,
+    total_timeout: float = 1800,
+    max_bytes: int | None = None,
+    clock=None,
+) -> tuple[int, str]:
+    """GET `url` into the file at `path`, through the same guard as `request`.
+
+    Abandoned only when no data arrives for `idle_timeout` seconds (the socket read
+    timeout) or when the whole transfer passes `total_timeout` (checked per chunk with
+    `clock`, and by a watchdog that closes the connection, since a trickle of bytes
+    would otherwise keep a blocking read alive). Returns (bytes written, content type).
+    """
+    import threading
+    import time
+
+    clock = clock or time.monotonic
+    max_bytes = max_bytes or settings.OUTBOUND_MAX_BYTES
+    started = clock()
+    for _ in range(MAX_REDIRECTS + 1):
+        check_url(url)
+        try:
+            response = _session.get(
+                url, headers=headers or {}, timeout=(CONNECT_TIMEOUT, idle_timeout), allow_redirects=False, stream=True
+            )
+        except requests.Timeout:
+            raise Stalled(f"no answer within {idle_timeout:g} s") from None
+        if response.is_redirect:
+            next_url = urljoin(url, response.headers["location"])
+            if urlsplit(next_url).netloc != urlsplit(url).netloc:
+                headers = {}  # credentials stay with the origin that asked for them
+            url = next_url
+            response.close()
+            continue
+        break
+    else:
+        raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
+    expired = threading.Event()
+
+    def watchdog():
+        expired.set()
+        try:  # close() alone does not wake a read blocked in another thread; shutdown does
+            import socket as _socket
+
+            response.raw._fp.fp.raw._sock.shutdown(_socket.SHUT_RDWR)  # http.client's socket
+        except Exception:
+            pass
+        response.close()
+
+    timer = threading.Timer(max(0.0, total_timeout - (clock() - started)), watchdog)
+    timer.daemon = True
+    timer.start()
+    total = 0
+    try:
+        response.raise_for_status()
+        declared = response.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_bytes:
+            raise TooLarge(f"response of {int(declared)} bytes is over the {max_bytes}-byte cap")
+        with open(path, "wb") as handle:
+            try:
+                for chunk in response.iter_content(64 * 1024):
+                    total += len(chunk)
+                    if total > max_bytes:
+                        raise TooLarge(f"response is over the {max_bytes}-byte cap")
+                    handle.write(chunk)
+                    if clock() - started > total_timeout:
+                        raise Stalled(f"the download took longer than {total_timeout / 60:g} minutes")
+            except (Stalled, TooLarge):
+                raise
+            except Exception as error:  # the watchdog's close surfaces as whatever the read hit
+                if expired.is_set():
+                    raise Stalled(f"the download took longer than {total_timeout / 60:g} minutes") from None
+                if isinstance(error, requests.Timeout) or "timed out" in str(error).lower():
+                    raise Stalled(f"no data arrived for {idle_timeout:g} s") from None
+                raise
+        if expired.is_set():
+            raise Stalled(f"the download took longer than {total_timeout / 60:g} minutes")
+        declared_ok = not declared or not declared.isdigit() or int(declared) == total
+        if not declared_ok:
+            raise Stalled(f"the connection closed after {total} of {declared} bytes")
+    finally:
+        timer.cancel()
+        response.close()
+    return total, response.headers.get("content-type", "").split(";")[0].strip()

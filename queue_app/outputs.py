@@ -21,6 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
+from django.utils import timezone
 
 from queue_app import failpoints, net, transitions
 from queue_app.models import AccountSettings, AlbumItem, Job, Status
@@ -35,11 +36,13 @@ EXTENSIONS = {
     "image/gif": "gif",
     "video/mp4": "mp4",
     "video/webm": "webm",
+    "video/quicktime": "mov",
     "audio/wav": "wav",
     "audio/x-wav": "wav",
     "audio/mpeg": "mp3",
     "audio/mp4": "m4a",
     "audio/ogg": "ogg",
+    "audio/flac": "flac",
     "text/plain": "txt",
 }
 
@@ -127,11 +130,28 @@ def prepare(job: Job, index: int, output: Output) -> Prepared:
         width=width,
         height=height,
     )
-    if output.poster:
-        prepared.poster_tmp = _write_tmp(output.poster)
+    poster = output.poster or _fetch_poster(output)
+    if poster:
+        prepared.poster_tmp = _write_tmp(poster)
         prepared.poster_name = f"album/{job.project_id}/{job.id}-{index}.poster.jpg"
-        prepared.size += len(output.poster)
+        prepared.size += len(poster)
     return prepared
+
+
+POSTER_MAX_BYTES = 10 * 1024 * 1024
+
+
+def _fetch_poster(output: Output) -> bytes | None:
+    """A video's poster frame from the provider's thumbnail URL. Best effort: a poster
+    that cannot be fetched leaves the video without one, never fails the job."""
+    if not output.poster_url:
+        return None
+    try:
+        data, _ = net.download(output.poster_url, headers=output.headers, max_bytes=POSTER_MAX_BYTES)
+    except Exception as error:
+        log.info("poster frame not fetched (%s)", type(error).__name__)
+        return None
+    return data or None
 
 
 def _discard(prepared: list[Prepared]) -> None:
@@ -194,39 +214,41 @@ def _commit(job: Job, token, prepared: list[Prepared]) -> None:
                     old_name = getattr(old, field).name
                     if old_name and old_name not in (item.name, item.poster_name):
                         replaced_files.append(old_name)
-            AlbumItem.objects.update_or_create(
-                job_id=job.id,
-                output_index=index,
-                defaults=dict(
-                    project_id=job.project_id,
-                    owner_id=job.owner_id,
-                    role=item.output.role,
-                    kind=item.output.kind,
-                    file=item.name,
-                    poster=item.poster_name,
-                    text=item.output.text or "",
-                    content_type=item.content_type,
-                    size=item.size,
-                    sha256=item.sha256,
-                    width=item.width,
-                    height=item.height,
-                    prompt=locked.prompt,
-                    metadata={
-                        key: snap.get(key)
-                        for key in (
-                            "provider_name",
-                            "family",
-                            "model",
-                            "aspect_ratio",
-                            "quality",
-                            "resolution",
-                            "format",
-                            "duration",
-                            "sound",
-                        )
-                    },
-                ),
+            fields = dict(
+                project_id=job.project_id,
+                owner_id=job.owner_id,
+                role=item.output.role,
+                kind=item.output.kind,
+                file=item.name,
+                poster=item.poster_name,
+                text=item.output.text or "",
+                content_type=item.content_type,
+                size=item.size,
+                sha256=item.sha256,
+                width=item.width,
+                height=item.height,
+                prompt=locked.prompt,
+                metadata={
+                    key: snap.get(key)
+                    for key in (
+                        "provider_name",
+                        "family",
+                        "model",
+                        "aspect_ratio",
+                        "quality",
+                        "resolution",
+                        "format",
+                        "duration",
+                        "sound",
+                    )
+                },
             )
+            # We hold the job, so `existing` is current: update in place or insert, with
+            # no select-then-write round trip per item.
+            if old is not None:
+                AlbumItem.objects.filter(pk=old.pk).update(**fields, updated_at=timezone.now())
+            else:
+                AlbumItem.objects.create(job_id=job.id, output_index=index, **fields)
         # A retried job overwrites its outputs: layers the new result no longer has go.
         for index, old in existing.items():
             if index >= len(prepared):

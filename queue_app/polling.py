@@ -1,51 +1,70 @@
 """Detached polling: checking remote tasks until they finish.
 
-One poll cycle (`poll_once`):
+Cadence: every detached job carries `next_poll_at`, set from its family's cadence when it
+is detached and after every check — the default cycle of DETACHED_POLL_SECONDS (30 s),
+Civitai every 5 s (its images are usually done within seconds). The queue service looks
+for due jobs every second, so each job is checked on its own cadence, not on a global
+tick shared with slow ones.
+
+One poll step:
 1. claim due detached jobs by `next_poll_at` with a short compare-and-set (a new poll
    token and `poll_claimed_until`), so two cycles or two machines never check one job
-   at once;
-2. run the HTTP checks outside any transaction on a bounded thread pool — a slow
-   provider occupies its own checks, not the others';
-3. every check re-reads the job first and applies its result with a fenced
-   compare-and-set: a job another cycle finished, or a user cleared or retried, is
-   left alone.
-A finished task is handed to a worker (`collect`), which fetches a fresh result (signed
-URLs expire) and writes it through the output writer. Poll errors never fail a job;
-the processing timeout does.
+   at once — and never more than the free threads, and per provider record at most
+   half of them, so a provider that hangs cannot take every thread;
+2. run the HTTP checks outside any transaction on a bounded thread pool; the queue
+   service does not wait for them (a slow provider delays only its own checks);
+3. after its HTTP check returns, every check re-reads the job and applies the result
+   with a fenced compare-and-set: a job another cycle finished, or a user cleared or
+   retried meanwhile, is left alone.
+A finished task is handed to a worker (`collect`), which re-reads the task for fresh
+(signed, expiring) URLs and writes it through the output writer, the same one as the
+synchronous path; completion frees the slot and wakes dispatch. Poll errors (network,
+5xx, bad JSON) never fail a job; the processing timeout does (JOB_PROCESSING_TIMEOUT_MS,
+counted from `task_observed_at`, which the recovery scan restarts).
 """
 
 import logging
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queue_app import backoff, events, execution, failpoints, tasks, transitions
+from queue_app import backoff, events, execution, failpoints, providers, tasks, transitions
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers import adapter_for
+from queue_app.providers import poll_seconds as family_poll_seconds
 from queue_app.providers.base import Failed, Finished, ProviderError, Running
 from queue_app.snapshot import resolved_job
 
 log = logging.getLogger(__name__)
 
+# A claimed check must finish within this (the adapters' check timeout is 10 s + 30 s);
+# after it a crashed poller's claim lapses and another cycle takes the job.
 POLL_CLAIM_SECONDS = 120
+# A worker collecting a finished task's outputs (downloads of large videos included).
 COLLECT_CLAIM_SECONDS = 1800
 
 
 def poll_seconds(family: str) -> float:
-    try:
-        return float(getattr(adapter_for(family), "POLL_SECONDS", settings.DETACHED_POLL_SECONDS))
-    except ProviderError:
-        return settings.DETACHED_POLL_SECONDS
+    return family_poll_seconds(family)
 
 
-def claim_due(*, now=None, families=None, limit: int = 500) -> list[tuple]:
-    """Claim detached jobs whose next poll is due. Returns [(job_id, poll_token)]."""
+def claim_due(
+    *, now=None, families=None, limit: int = 500, busy: dict | None = None, per_provider: int | None = None
+) -> list[tuple]:
+    """Claim detached jobs whose next poll is due. Returns [(job_id, poll_token, provider_id)].
+
+    `busy` maps provider ids to checks already running; with `per_provider`, no provider
+    gets more than that many checks at once (the rest wait for a later step)."""
     now = now or timezone.now()
+    busy = dict(busy or {})
     due = (
         Job.objects.filter(status=Status.PROCESSING, next_poll_at__lte=now)
         .exclude(task_id="")
@@ -55,37 +74,99 @@ def claim_due(*, now=None, families=None, limit: int = 500) -> list[tuple]:
     if families:
         due = due.filter(active_provider__family__in=families)
     claimed = []
-    for job_id, old_token, next_poll_at in due.order_by("next_poll_at").values_list("id", "lease_token", "next_poll_at")[:limit]:
+    rows = due.order_by("next_poll_at").values_list("id", "lease_token", "next_poll_at", "active_provider_id")
+    for job_id, old_token, next_poll_at, provider_id in rows[: max(limit * 4, 50)]:
+        if len(claimed) >= limit:
+            break
+        if per_provider is not None and busy.get(provider_id, 0) >= per_provider:
+            continue
         token = uuid.uuid4()
+        # The compare-and-set on the old token and the due time: of two pollers that read
+        # the same row, one changes it and the other matches nothing.
         if Job.objects.filter(id=job_id, status=Status.PROCESSING, lease_token=old_token, next_poll_at=next_poll_at).update(
             lease_token=token, poll_claimed_until=now + timedelta(seconds=POLL_CLAIM_SECONDS)
         ):
-            claimed.append((job_id, token))
+            claimed.append((job_id, token, provider_id))
+            busy[provider_id] = busy.get(provider_id, 0) + 1
     return claimed
 
 
+class Poller:
+    """The queue service's poller: a thread pool of POLL_PARALLELISM checks that a step
+    fills without waiting for them, so a slow provider never holds up the loop."""
+
+    def __init__(self, *, parallelism: int | None = None, per_provider: int | None = None):
+        self.parallelism = max(1, parallelism or settings.POLL_PARALLELISM)
+        self.per_provider = max(1, per_provider or (self.parallelism + 1) // 2)
+        self._pool = ThreadPoolExecutor(max_workers=self.parallelism, thread_name_prefix="poll")
+        self._lock = threading.Lock()
+        self._inflight: dict[int, int] = {}
+        self._futures: set = set()
+
+    def inflight(self) -> int:
+        with self._lock:
+            return sum(self._inflight.values())
+
+    def step(self, *, now=None, families=None) -> int:
+        """Claim what is due and start its checks. Returns how many were started."""
+        with self._lock:
+            free = self.parallelism - sum(self._inflight.values())
+            busy = dict(self._inflight)
+        if free <= 0:
+            return 0
+        claimed = claim_due(now=now, families=families, limit=free, busy=busy, per_provider=self.per_provider)
+        for job_id, token, provider_id in claimed:
+            with self._lock:
+                self._inflight[provider_id] = self._inflight.get(provider_id, 0) + 1
+            future = self._pool.submit(_check_in_thread, job_id, token, now=now)
+            self._futures.add(future)
+            future.add_done_callback(partial(self._done, provider_id))
+        return len(claimed)
+
+    def _done(self, provider_id, future) -> None:
+        with self._lock:
+            self._inflight[provider_id] -= 1
+            if not self._inflight[provider_id]:
+                del self._inflight[provider_id]
+            self._futures.discard(future)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the checks started so far (tests; a graceful stop)."""
+        wait_for_futures(list(self._futures), timeout=timeout)
+
+    def close(self) -> None:
+        # Checks in flight finish on their own (bounded by their HTTP timeouts); a check
+        # that never applies its result leaves a claim that lapses.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def poll_once(*, now=None, families=None, parallelism: int | None = None) -> int:
-    """One cycle: claim what is due and check it. Returns how many jobs were checked."""
+    """One blocking cycle: claim what is due, check it all, return how many were checked.
+    (Tests and one-off runs; the queue service uses a Poller.)"""
     claimed = claim_due(now=now, families=families)
     if not claimed:
         return 0
     workers = max(1, min(parallelism or settings.POLL_PARALLELISM, len(claimed)))
     if workers == 1:
-        for job_id, token in claimed:
+        for job_id, token, _ in claimed:
             check_job(job_id, token, now=now)
         return len(claimed)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll") as pool:
-        list(pool.map(lambda item: _check_in_thread(*item, now=now), claimed))
+        list(pool.map(lambda item: _check_in_thread(item[0], item[1], now=now), claimed))
     return len(claimed)
 
 
 def _check_in_thread(job_id, token, *, now=None):
+    # Each pool thread keeps its own connection between checks (CONN_MAX_AGE), dropping
+    # it only when it is broken or old: a new PostgreSQL connection per check would cost
+    # more than the check.
+    close_old_connections()
     try:
         return check_job(job_id, token, now=now)
     except Exception:
         log.exception("poll of job %s failed", job_id)
     finally:
-        connection.close()
+        close_old_connections()
 
 
 def _fenced(job_id, token):
@@ -100,40 +181,78 @@ def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
     )
 
 
-def check_job(job_id, token, *, now=None) -> str:
-    """Check one claimed detached job and apply the result. Returns what happened."""
-    now = now or timezone.now()
+def _ours(job_id, token) -> Job | None:
+    """The job, if it is still the detached job we claimed."""
     job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if job is None or job.status != Status.PROCESSING or job.lease_token != token or not job.task_id:
+    if job is None or job.status != Status.PROCESSING or str(job.lease_token) != str(token) or not job.task_id:
+        return None
+    return job
+
+
+def _record(job: Job, *, outcome: str, reason: str, worker: str = "poller") -> None:
+    JobAttempt.objects.create(
+        job_id=job.id,
+        number=job.attempts,
+        worker=worker,
+        task_id=job.task_id,
+        finished_at=timezone.now(),
+        outcome=outcome,
+        reason=reason[:2000],
+    )
+
+
+def check_job(job_id, token, *, now=None) -> str:
+    """Check one claimed detached job and apply the result. Returns what happened:
+    skipped | timeout | error | running | finished | failed | requeued."""
+    now = now or timezone.now()
+    job = _ours(job_id, token)
+    if job is None:
         return "skipped"
     provider = job.active_provider
     failpoints.hit("mid_poll")
     timeout = timedelta(milliseconds=settings.JOB_PROCESSING_TIMEOUT_MS)
     if job.task_observed_at and now - job.task_observed_at > timeout:
         minutes = settings.JOB_PROCESSING_TIMEOUT_MS / 60000
-        transitions.job_fail(
-            job.id,
-            token,
-            reason=f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]})",
-            error_class="timeout",
+        reason = (
+            f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]}); "
+            "retrying checks the task again before submitting anew"
         )
-        return "timeout"
+        with transaction.atomic():
+            # The task id stays: a retry looks at the task first and collects it if it
+            # finished late, instead of paying for a new one.
+            if transitions.job_fail(job.id, token, reason=reason, error_class="timeout"):
+                _record(job, outcome=JobAttempt.Outcome.TIMEOUT, reason=reason)
+                return "timeout"
+        return "skipped"
     try:
-        state = adapter_for(provider.family).check(job.task_id, resolved_job(job, provider))
+        request = resolved_job(job, provider)
+        state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
     except Exception as error:  # network, 5xx, bad JSON: never a job failure
         reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
         log.info("poll of job %s failed (%s); will poll again", job.id, reason)
         _release_claim(job.id, token, family=provider.family, now=now, poll_failures=F("poll_failures") + 1)
         return "error"
+    # Re-read before acting: the check took a while, and meanwhile the job may have been
+    # finished by another cycle, cleared, or retried. Every write below is fenced as well.
+    job = _ours(job_id, token)
+    if job is None:
+        return "skipped"
     if isinstance(state, Running):
         if _release_claim(job.id, token, family=provider.family, now=now, progress=state.progress, poll_failures=0):
             if state.progress is not None:
                 events.broadcast_progress(job.project_id, job.id, state.progress)
-        return "running"
+            return "running"
+        return "skipped"
     if isinstance(state, Finished):
         # Hold the claim while a worker collects; if that worker dies, the claim lapses
-        # and the next cycle finds the task finished again.
-        if _fenced(job.id, token).update(poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS)):
+        # and a later cycle finds the task finished again. With the ORM broker the task
+        # row commits together with the claim.
+        with transaction.atomic():
+            held = _fenced(job.id, token).update(
+                poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS), poll_failures=0
+            )
+            if not held:
+                return "skipped"
             tasks.enqueue_collection(job.id, token)
         return "finished"
     if isinstance(state, Failed):
@@ -141,42 +260,47 @@ def check_job(job_id, token, *, now=None) -> str:
     return "unknown"
 
 
-def _apply_failed(job, token, provider, state: Failed) -> str:
-    JobAttempt.objects.create(
-        job=job,
-        number=job.attempts,
-        worker="poller",
-        task_id=job.task_id,
-        finished_at=timezone.now(),
-        outcome=JobAttempt.Outcome.PERMANENT if state.permanent else JobAttempt.Outcome.TRANSIENT,
-        reason=state.reason[:2000],
-    )
-    if state.permanent:
-        transitions.job_fail(job.id, token, reason=state.reason, error_class="permanent", keep_task_id=False)
-        return "failed"
-    if job.attempts >= provider.max_attempts:
-        transitions.job_fail(
-            job.id,
-            token,
-            reason=f"gave up after {job.attempts} attempts, last: {state.reason}",
-            error_class="transient",
-            keep_task_id=False,
-        )
-        return "failed"
-    transitions.job_requeue(job.id, token, reason=state.reason, error_class="transient", delay=backoff.delay(job.attempts))
-    return "requeued"
+def _apply_failed(job, token, provider, state: Failed, *, record: bool = True) -> str:
+    """The remote task ended without a result. Permanent (or dead): the job fails and
+    forgets the task id. Worth another try: back to pending, bounded by max attempts."""
+    outcome = JobAttempt.Outcome.PERMANENT if state.permanent else JobAttempt.Outcome.TRANSIENT
+    with transaction.atomic():
+        if state.permanent:
+            done = transitions.job_fail(job.id, token, reason=state.reason, error_class="permanent", keep_task_id=False)
+            result = "failed"
+        elif job.attempts >= provider.max_attempts:
+            done = transitions.job_fail(
+                job.id,
+                token,
+                reason=f"gave up after {job.attempts} attempts, last: {state.reason}",
+                error_class="transient",
+                keep_task_id=False,
+            )
+            result = "failed"
+        else:
+            done = transitions.job_requeue(
+                job.id, token, reason=state.reason, error_class="transient", delay=backoff.delay(job.attempts)
+            )
+            result = "requeued"
+        if not done:
+            return "skipped"
+        if record:
+            _record(job, outcome=outcome, reason=state.reason)
+    return result
 
 
 def collect(job_id, token) -> None:
-    """Worker side of a finished remote task: fetch the result and store it."""
+    """Worker side of a finished remote task: re-read it (fresh output URLs) and store the
+    outputs through the output writer, which completes the job and frees its slot."""
     close_old_connections()
-    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if job is None or job.status != Status.PROCESSING or str(job.lease_token) != str(token) or not job.task_id:
+    job = _ours(job_id, token)
+    if job is None:
         return
     provider = job.active_provider
     attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker="collector", task_id=job.task_id)
     try:
-        state = adapter_for(provider.family).check(job.task_id, resolved_job(job, provider))
+        request = resolved_job(job, provider)
+        state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
     except Exception as error:
         reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
         execution._attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
@@ -185,8 +309,8 @@ def collect(job_id, token) -> None:
     if isinstance(state, Finished):
         execution.collect_outputs(job, token, provider, attempt, state.outputs)
     elif isinstance(state, Failed):
-        execution._attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, state.reason)
-        _apply_failed(job, token, provider, state)
+        execution._attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
+        _apply_failed(job, token, provider, state, record=False)
     else:
         execution._attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
         _fenced(job.id, token).update(poll_claimed_until=None, next_poll_at=timezone.now())

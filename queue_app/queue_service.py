@@ -12,6 +12,7 @@ Steps and their cadence:
 - poll detached          every second: jobs whose next_poll_at is due (30 s; Civitai 5 s)
 - runner ticks           every second (ComfyUI runners keep their own 2 s cadence)
 - prune events           every 10 minutes: live-event rows older than a day
+- notify                 every second: close settled project runs, send finish notifications
 """
 
 import logging
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from queue_app import dispatch, heartbeats, polling, recovery, runners
+from queue_app import dispatch, heartbeats, notifications, polling, recovery, runners
 from queue_app.models import Heartbeat, ProjectEvent
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class QueueService:
         self.started_at = timezone.now()
         self.last_run: dict[str, float] = {}
         self.stopping = False
+        self.poller: polling.Poller | None = None
+        self.push_sender: notifications.Sender | None = None
 
     def due(self, step: str, every: float) -> bool:
         now = time.monotonic()
@@ -59,7 +62,10 @@ class QueueService:
         return dispatch.ping_safety_net() > 0
 
     def step_poll(self, now=None) -> bool:
-        return polling.poll_once(now=now) > 0
+        # The checks run on the poller's own threads; this step only claims and starts them.
+        if self.poller is None:
+            self.poller = polling.Poller()
+        return self.poller.step(now=now) > 0
 
     def step_runners(self) -> bool:
         did = False
@@ -73,6 +79,12 @@ class QueueService:
     def step_prune(self) -> bool:
         deleted, _ = ProjectEvent.objects.filter(created_at__lt=timezone.now() - EVENT_RETENTION).delete()
         return deleted > 0
+
+    def step_notify(self, now=None) -> bool:
+        # Pushes are sent on the sender's own threads; this step only starts them.
+        if self.push_sender is None:
+            self.push_sender = notifications.Sender()
+        return notifications.step(now=now, sender=self.push_sender) > 0
 
     def tick(self) -> bool:
         """One pass over the steps that are due. Returns whether anything happened."""
@@ -88,6 +100,8 @@ class QueueService:
             did = self.step_poll() or did
         if self.due("runners", 0.5):
             did = self.step_runners() or did
+        if self.due("notify", 1.0):
+            did = self.step_notify() or did
         if self.due("prune", 600):
             self.step_prune()
         return did
@@ -106,6 +120,8 @@ class QueueService:
                 did = False
             ticks += 1
             if max_ticks is not None and ticks >= max_ticks:
-                return
+                break
             if not did:
                 time.sleep(0.25)
+        if self.poller is not None:
+            self.poller.close()

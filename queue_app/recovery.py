@@ -25,6 +25,7 @@ from queue_app.models import Job, JobAttempt, Kind, Status
 log = logging.getLogger(__name__)
 
 BATCH = 1000
+HEAL_REASON = "worker stopped while running the job; retried"
 
 
 def _batches(queryset):
@@ -44,24 +45,26 @@ def _batches(queryset):
 def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool) -> str | None:
     """Return one stalled running job to pending (or fail it when its attempts are used
     up), recording the interrupted attempt."""
-    reason = "worker stopped while running the job; retried" if attempts < max_attempts else ""
     if attempts >= max_attempts:
         done = transitions.job_fail_stalled(
             job_id, reason=f"gave up after {attempts} attempts, last: the worker stopped while running the job"
         )
         outcome = "failed" if done else None
     else:
-        done = transitions.job_heal(job_id, reason=reason, dead_owner=lease_owner if dead_owner else None)
+        done = transitions.job_heal(job_id, reason=HEAL_REASON, dead_owner=lease_owner if dead_owner else None)
         outcome = "healed" if done else None
     if done:
-        JobAttempt.objects.filter(job_id=job_id, outcome=JobAttempt.Outcome.RUNNING).update(
-            outcome=JobAttempt.Outcome.INTERRUPTED, finished_at=timezone.now(), reason="worker stopped"
-        )
+        _mark_interrupted([job_id])
     return outcome
 
 
 def heal(*, include_dead_owners: bool = True) -> int:
     """Heal running jobs whose lease expired (or whose owner died on this host)."""
+    with dispatch.deferred_wakes():
+        return _heal(include_dead_owners=include_dead_owners)
+
+
+def _heal(*, include_dead_owners: bool) -> int:
     stalled = (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
         .exclude(project__kind__in=list(runners.RUNNERS))
@@ -70,8 +73,13 @@ def heal(*, include_dead_owners: bool = True) -> int:
     now = timezone.now()
     healed = 0
     for rows in _batches(stalled.filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
+        retry = [job_id for job_id, _, attempts, max_attempts, _ in rows if attempts < (max_attempts or 1)]
+        moved = transitions.jobs_heal(retry, reason=HEAL_REASON) if retry else []
+        if moved:
+            _mark_interrupted(moved)
+            healed += len(moved)
         for job_id, owner, attempts, max_attempts, _ in rows:
-            if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=False):
+            if attempts >= (max_attempts or 1) and heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=False):
                 healed += 1
     # A retry that was adopting a kept task id when its worker stopped: the remote task
     # still holds the slot, so it becomes an ordinary detached job, polled at once.
@@ -82,16 +90,27 @@ def heal(*, include_dead_owners: bool = True) -> int:
         .update(lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None)
     )
     if include_dead_owners:
-        for rows in _batches(stalled.filter(lease_expires_at__gte=now)):
+        for rows in _batches(stalled.filter(lease_expires_at__gte=now).exclude(lease_owner="")):
             for job_id, owner, attempts, max_attempts, _ in rows:
-                if owner and heartbeats.owner_is_dead(owner):
+                if heartbeats.owner_is_dead(owner):
                     if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True):
                         healed += 1
     return healed
 
 
+def _mark_interrupted(job_ids) -> None:
+    JobAttempt.objects.filter(job_id__in=list(job_ids), outcome=JobAttempt.Outcome.RUNNING).update(
+        outcome=JobAttempt.Outcome.INTERRUPTED, finished_at=timezone.now(), reason="worker stopped"
+    )
+
+
 def recover() -> dict:
     """The recovery scan. Returns counts of what it did."""
+    with dispatch.deferred_wakes():
+        return _recover()
+
+
+def _recover() -> dict:
     counts = {"healed": 0, "detached_resumed": 0, "runner_adopted": 0, "dispatched": 0}
     counts["healed"] = heal()
     now = timezone.now()

@@ -1,1 +1,7 @@
-websocket_urlpatterns: list = []
+from django.urls import re_path
+
+from queue_app import consumers
+
+websocket_urlpatterns: list = [
+    re_path(r"^ws/projects/(?P<project_id>\d+)/$", consumers.ProjectConsumer.as_asgi()),
+]

@@ -86,7 +86,8 @@ def drafts_delete(*, user, project: Project, job_ids) -> int:
         ids = list(
             Job.objects.filter(project=project, owner=user, id__in=job_ids, status=Status.DRAFT).values_list("id", flat=True)
         )
-        deleted, _ = Job.objects.filter(id__in=ids, status=Status.DRAFT).delete()
+        # delete() counts cascaded rows (attempts) too: count the jobs alone
+        deleted = Job.objects.filter(id__in=ids, status=Status.DRAFT).delete()[1].get(Job._meta.label, 0)
         events.emit_many(project.id, [("job.deleted", job_id, "", {}) for job_id in ids])
     return deleted
 
@@ -183,7 +184,8 @@ def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
         rows = list(scope.select_for_update(of=("self",)).values_list("id", "project_id"))
         ids = [job_id for job_id, _ in rows]
         # Deleting with the status re-checked guards against a concurrent retry.
-        cleared, _ = Job.objects.filter(id__in=ids, status=Status.FAILED).delete()
+        # delete() counts cascaded rows (attempts) too: count the jobs alone
+        cleared = Job.objects.filter(id__in=ids, status=Status.FAILED).delete()[1].get(Job._meta.label, 0)
         events.emit_grouped([(project_id_, "job.cleared", job_id, "", {}) for job_id, project_id_ in rows])
     projects = sorted({project_id_ for _, project_id_ in rows})
     resumed = list(
@@ -207,7 +209,7 @@ def _own_provider(user, provider_id) -> Provider:
 
 def provider_set_paused(*, user, provider_id, paused: bool) -> Provider:
     provider = _own_provider(user, provider_id)
-    Provider.objects.filter(id=provider.id).update(paused=paused)
+    Provider.objects.filter(id=provider.id).update(paused=paused, paused_reason="")
     log.info("provider %s %s by user %s", provider.id, "paused" if paused else "resumed", user.pk)
     if not paused:
         transaction.on_commit(lambda: dispatch.wake(provider_ids={provider.id}))

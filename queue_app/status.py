@@ -30,41 +30,53 @@ def _flag(condition: Q):
     return Case(When(condition, then=Value(True)), default=Value(False), output_field=BooleanField())
 
 
-def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dict, now) -> str:
+def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dict, now, backoff_until=None) -> str:
     """Why a pending job would not be dispatched right now ('' when it is Queued)."""
     if kind in runners.RUNNERS:
         return "" if live["queue_services"] else "no live queue service"
     if provider is None:
         return "no provider"
     if provider["paused"]:
-        return "provider paused"
+        return f"provider paused: {provider['paused_reason']}" if provider.get("paused_reason") else "provider paused"
     if provider["cooldown_until"] and provider["cooldown_until"] > now:
         return f"cooling down until {provider['cooldown_until']:%H:%M:%S}"
     if backoff:
-        return "retry backoff"
+        return f"backoff until {backoff_until:%H:%M:%S}" if backoff_until else "retry backoff"
     if not live["workers"]:
         return "no live worker"
     return ""
+
+
+def visible_jobs(user):
+    """The jobs a user may see: their own; staff see everyone's."""
+    return Job.objects.all() if user.is_staff else Job.objects.filter(owner=user)
+
+
+def visible_providers(user) -> dict:
+    """{id: row} of every provider record the user may see (idle ones too), one query."""
+    providers_qs = Provider.objects.all() if user.is_staff else Provider.objects.filter(owner=user)
+    return {
+        row["id"]: row
+        for row in providers_qs.values(
+            "id", "name", "family", "concurrency", "paused", "paused_reason", "cooldown_until", "created_at"
+        )
+    }
 
 
 def _empty_counts() -> dict:
     return {key: 0 for key in COUNT_KEYS}
 
 
-def queue_status(*, user, breakdown: str = "none", limit: int | None = None, now=None) -> dict:
+def queue_status(
+    *, user, breakdown: str = "none", limit: int | None = None, now=None, providers: dict | None = None, live: dict | None = None
+) -> dict:
     """Totals, and per provider / per project rows when `breakdown` asks for them
-    ("none", "projects", "providers" or "all"). Staff see everyone's queue."""
+    ("none", "projects", "providers" or "all"). Staff see everyone's queue. A caller that
+    also lists jobs passes the `providers` and `live` it already read."""
     now = now or timezone.now()
-    jobs = Job.objects.filter(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
-    providers_qs = Provider.objects.all()
-    if not user.is_staff:
-        jobs = jobs.filter(owner=user)
-        providers_qs = providers_qs.filter(owner=user)
-    live = heartbeats.liveness(now=now)
-    providers = {
-        row["id"]: row
-        for row in providers_qs.values("id", "name", "family", "concurrency", "paused", "cooldown_until", "created_at")
-    }
+    jobs = visible_jobs(user).filter(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
+    live = heartbeats.liveness(now=now) if live is None else live
+    providers = visible_providers(user) if providers is None else providers
     groups = (
         jobs.annotate(
             bucket_provider=Case(
@@ -147,9 +159,11 @@ def queue_status(*, user, breakdown: str = "none", limit: int | None = None, now
                     "available_slots": max(0, provider["concurrency"] - active_slots[pid]),
                     **counts,
                     "paused": provider["paused"],
+                    "paused_reason": provider["paused_reason"],
                     "cooling_down_until": cooling.isoformat() if cooling else None,
                     "oldest_queued_age_seconds": (now - provider_oldest[pid]).total_seconds() if pid in provider_oldest else None,
                     "waiting_reasons": dict(waiting_reasons.get(pid, {})),
+                    "warning": _provider_warning(counts, live),
                 }
             )
         rows.sort(key=lambda r: (-(r["active_slots"] + r["queued"] + r["waiting"]), r["name"].lower(), r["id"]))
@@ -192,6 +206,15 @@ def _limited(key: str, rows: list, limit: int | None) -> dict:
     return {key: rows, f"{key}_total": total, f"{key}_has_more": total > len(rows)}
 
 
+def _provider_warning(counts: dict, live: dict) -> str:
+    """A provider with work that nobody alive will move (bull-board's "no workers" badge)."""
+    if counts["pending"] and not live["workers"]:
+        return "dispatchable work but no live worker cluster"
+    if counts["detached"] and not live["queue_services"]:
+        return "detached jobs are not polled: no live queue service"
+    return ""
+
+
 def _warnings(live: dict, totals: dict) -> list[str]:
     warnings = []
     if totals["pending"] and not live["workers"]:
@@ -201,3 +224,206 @@ def _warnings(live: dict, totals: dict) -> list[str]:
             "No queue service is alive: detached jobs are not polled and nothing heals; start `manage.py queue_service`."
         )
     return warnings
+
+
+# --- The job list ---------------------------------------------------------------------
+
+JOB_FILTER_STATES = (
+    "active",  # pending, processing and failed: the queue (the default)
+    "waiting",
+    "queued",
+    "running",
+    "stalled",
+    "detached",
+    "pending",
+    "processing",
+    "failed",
+    "completed",
+    "draft",
+    "all",
+)
+MAX_PER_PAGE = 200
+
+
+def _effective_provider():
+    # The provider whose queue a job is in: the slot it holds, or else its own provider,
+    # or else its project's (the same bucket as queue_status).
+    return Case(
+        When(status=Status.PROCESSING, then="active_provider_id"),
+        default=Coalesce("provider_id", "project__provider_id"),
+    )
+
+
+def _state_filter(state: str, *, providers: dict, live: dict, now) -> Q:
+    """The SQL condition of a derived state, from the same facts `waiting_reason` reads."""
+    runner_kinds = list(runners.RUNNERS)
+    if state in ("waiting", "queued"):
+        blocked = [pid for pid, p in providers.items() if p["paused"] or (p["cooldown_until"] and p["cooldown_until"] > now)]
+        if live["workers"]:
+            provider_waits = (
+                Q(eff_provider__isnull=True)
+                | ~Q(eff_provider__in=list(providers))
+                | Q(eff_provider__in=blocked)
+                | Q(not_before__gt=now)
+            )
+        else:
+            provider_waits = Q(pk__isnull=False)  # nothing dispatches without a worker
+        runner_waits = Q(pk__isnull=False) if not live["queue_services"] else Q(pk__isnull=True)
+        waits = (Q(project__kind__in=runner_kinds) & runner_waits) | (~Q(project__kind__in=runner_kinds) & provider_waits)
+        return Q(status=Status.PENDING) & (waits if state == "waiting" else ~waits)
+    if state == "detached":
+        return Q(status=Status.PROCESSING) & ~Q(task_id="")
+    if state == "stalled":
+        return Q(status=Status.PROCESSING, task_id="", lease_expires_at__lt=now)
+    if state == "running":
+        return Q(status=Status.PROCESSING, task_id="") & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gte=now))
+    if state == "active":
+        return Q(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
+    if state in Status.values:
+        return Q(status=state)
+    return Q()
+
+
+def job_state(job: Job, *, providers: dict, live: dict, now) -> tuple[str, str]:
+    """(derived state, why it waits) of one job; the job needs its project loaded."""
+    if job.status == Status.PENDING:
+        provider = providers.get(job.provider_id or job.project.provider_id)
+        backoff = bool(job.not_before and job.not_before > now)
+        reason = waiting_reason(
+            provider=provider, kind=job.project.kind, backoff=backoff, live=live, now=now, backoff_until=job.not_before
+        )
+        return ("waiting", reason) if reason else ("queued", "")
+    if job.status == Status.PROCESSING:
+        if job.task_id:
+            return "detached", ""
+        if job.lease_expires_at and job.lease_expires_at < now:
+            return "stalled", "lease expired; the next heal returns it to pending"
+        return "running", ""
+    return job.status, ""
+
+
+def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None) -> dict:
+    """A job as the monitor, the project page and the API show it."""
+    state, reason = job_state(job, providers=providers, live=live, now=now)
+    snap = job.resolved or {}
+    provider_id = snap.get("provider_id") if job.status != Status.PENDING and snap else None
+    provider_id = provider_id or job.active_provider_id or job.provider_id or job.project.provider_id
+    provider = providers.get(provider_id) or {}
+
+    def setting(name):
+        return snap.get(name) if snap.get(name) not in (None, "") else (getattr(job, name) or getattr(job.project, name))
+
+    row = {
+        "id": str(job.id),
+        "short_id": str(job.id)[:8],
+        "project_id": job.project_id,
+        "project_name": job.project.name,
+        "project_kind": job.project.kind,
+        "status": job.status,
+        "state": state,
+        "waiting_reason": reason,
+        "provider_id": provider_id,
+        "provider_name": provider.get("name") or snap.get("provider_name") or "",
+        "family": provider.get("family") or snap.get("family") or "",
+        "model": snap.get("model") or job.model or job.project.model,
+        "prompt": job.prompt,
+        "aspect_ratio": setting("aspect_ratio"),
+        "quality": setting("quality"),
+        "resolution": setting("resolution"),
+        "format": setting("format"),
+        "duration": setting("duration"),
+        "sound": setting("sound"),
+        "attempts": job.attempts,
+        "error": job.error,
+        "error_class": job.error_class,
+        "task_id": job.task_id,
+        "progress": job.progress,
+        "backoff_until": job.not_before.isoformat() if job.not_before and job.not_before > now else None,
+        "created_at": job.created_at.isoformat() if job.created_at else None,
+        "queued_at": job.queued_at.isoformat() if job.queued_at else None,
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+    }
+    if attempts is not None:
+        row["attempt_log"] = [
+            {
+                "number": a.number,
+                "worker": a.worker,
+                "started_at": a.started_at.isoformat() if a.started_at else None,
+                "finished_at": a.finished_at.isoformat() if a.finished_at else None,
+                "outcome": a.outcome,
+                "reason": a.reason,
+                "task_id": a.task_id,
+            }
+            for a in attempts
+        ]
+    return row
+
+
+def jobs_page(
+    *,
+    user,
+    state: str = "active",
+    provider_id: int | None = None,
+    project_id: int | None = None,
+    model: str = "",
+    error: str = "",
+    page: int = 1,
+    per_page: int = 50,
+    with_attempts: bool = True,
+    now=None,
+    providers: dict | None = None,
+    live: dict | None = None,
+    count_limit: int | None = None,
+    known_total: int | None = None,
+) -> dict:
+    """One page of the jobs a user may see, filtered, each with its derived state and why
+    it waits. Constant queries: providers, heartbeats, a count, the page, its attempts
+    (callers that already hold `providers` and `live` pass them in and save two)."""
+    now = now or timezone.now()
+    providers = visible_providers(user) if providers is None else providers
+    live = heartbeats.liveness(now=now) if live is None else live
+    per_page = max(1, min(int(per_page), MAX_PER_PAGE))
+    state = state if state in JOB_FILTER_STATES else "active"
+    jobs = visible_jobs(user).annotate(eff_provider=_effective_provider())
+    jobs = jobs.filter(_state_filter(state, providers=providers, live=live, now=now))
+    if provider_id is not None:
+        jobs = jobs.filter(eff_provider=provider_id)
+    if project_id is not None:
+        jobs = jobs.filter(project_id=project_id)
+    if model:
+        jobs = jobs.filter(Q(model__icontains=model) | Q(model="", project__model__icontains=model))
+    if error:
+        jobs = jobs.filter(error__icontains=error)
+    if known_total is not None:
+        # the caller already counted these (queue_status's totals): no second count
+        total, total_capped = known_total, False
+    elif count_limit:
+        # Counting every match of a broad filter costs more than the page itself; past
+        # the limit the list says "10,000+" and pages through the first ones.
+        total = jobs.order_by()[: count_limit + 1].count()
+        total_capped = total > count_limit
+        total = min(total, count_limit)
+    else:
+        total, total_capped = jobs.count(), False
+    pages = max(1, -(-total // per_page))
+    page = max(1, min(int(page), pages))
+    offset = (page - 1) * per_page
+    chunk = jobs.select_related("project").order_by("-created_at", "-id")[offset : offset + per_page]
+    if with_attempts:
+        chunk = chunk.prefetch_related("attempt_log")
+    rows = [
+        job_row(job, providers=providers, live=live, now=now, attempts=job.attempt_log.all() if with_attempts else None)
+        for job in chunk
+    ]
+    return {
+        "jobs": rows,
+        "total": total,
+        "total_capped": total_capped,
+        "page": page,
+        "pages": pages,
+        "per_page": per_page,
+        "has_next": page < pages,
+        "has_previous": page > 1,
+        "state": state,
+    }

@@ -8,7 +8,9 @@ A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on
 one row changed. From the wrong state it is a no-op that returns False — never an
 exception, never a partial write: losing a race is a normal outcome. Transitions that
 leave `processing` free the slot in the same UPDATE and wake dispatch after commit.
-Each one records its live event in the same transaction.
+Each one records its live event in the same transaction. Nested in a caller's
+transaction (the output writer's, dispatch's) they add no savepoint: a transition that
+raises rolls the caller back too, which is what every caller wants.
 """
 
 import uuid
@@ -20,7 +22,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app import events
+from queue_app import events, notifications
 from queue_app.models import Job, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
@@ -46,7 +48,7 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
     collects the existing result instead of paying for a new one.
     """
     allowed = set(from_statuses) & {Status.DRAFT, Status.FAILED}
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         # Lock the candidates (PostgreSQL; SQLite's IMMEDIATE transaction already holds
         # the write lock) so the ids we report are exactly the rows we moved.
         rows = list(
@@ -57,13 +59,17 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
         if not rows:
             return []
         ids = [row[0] for row in rows]
+        now = timezone.now()
+        # Open (or note the start on) the project's run before the events are emitted: the
+        # lock order notifications.run_close uses too. queued_at == the run's opened_at.
+        notifications.runs_touch(project_ids={row[1] for row in rows}, at=now)
         Job.objects.filter(id__in=ids, status__in=allowed).update(
             status=Status.PENDING,
             error="",
             error_class="",
             not_before=None,
             attempts=0,
-            queued_at=timezone.now(),
+            queued_at=now,
             finished_at=None,
             progress=None,
             poll_failures=0,
@@ -78,7 +84,7 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
 
 def job_unstart(job_id) -> bool:
     """pending → draft, for a job no worker has claimed yet."""
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         job = Job.objects.filter(id=job_id).values("project_id").first()
         if not job:
             return False
@@ -125,7 +131,7 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
     """pending → processing for a job that runs without a provider slot (ComfyUI: its
     runner keeps its own per-instance limit)."""
     token = uuid.uuid4()
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         changed = Job.objects.filter(id=job_id, status=Status.PENDING).update(
             status=Status.PROCESSING,
             resolved=snapshot,
@@ -164,7 +170,7 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
     """processing (running) → processing (detached): store the remote task id before
     anything waits on it. The job keeps its slot; the lease gives way to polling."""
     now = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
         if not job:
             return False
@@ -183,7 +189,7 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
 
 
 def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         job = (
             Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
             .values("project_id", "active_provider_id")
@@ -258,7 +264,7 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
     if dead_owner:
         lease_gone |= Q(lease_owner=dead_owner)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         job = (
             Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
             .filter(lease_gone)
@@ -279,10 +285,34 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     return True
 
 
+def jobs_heal(job_ids, *, reason: str) -> list:
+    """Batch of job_heal for the recovery scan: running jobs (no task id) whose lease has
+    expired go back to pending in one statement. Returns the ids that moved."""
+    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
+    with transaction.atomic(savepoint=False):
+        rows = list(
+            Job.objects.select_for_update(of=("self",))
+            .filter(id__in=list(job_ids), status=Status.PROCESSING, task_id="")
+            .filter(lease_gone)
+            .values_list("id", "project_id", "active_provider_id")
+        )
+        if not rows:
+            return []
+        ids = [row[0] for row in rows]
+        Job.objects.filter(id__in=ids, status=Status.PROCESSING).update(
+            status=Status.PENDING, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local"
+        )
+        events.emit_grouped(
+            [(project_id, "job.healed", job_id, Status.PENDING, {"reason": reason}) for job_id, project_id, _ in rows]
+        )
+        _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows})
+    return ids
+
+
 def job_fail_stalled(job_id, *, reason: str) -> bool:
     """processing (lease expired, attempts used up) → failed: a job that keeps losing its
     worker is not tried forever."""
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         job = (
             Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_expires_at__lt=Now())
             .values("project_id", "active_provider_id", "lease_token")
@@ -300,3 +330,20 @@ def job_fail_stalled(job_id, *, reason: str) -> bool:
         events.emit(job["project_id"], "job.failed", job_id, Status.FAILED, {"error": reason})
         _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
     return True
+
+
+def job_attach_task(job_id, token, *, task_id: str) -> bool:
+    """processing → processing with a remote task id, for runner-driven jobs (ComfyUI):
+    the id the runner chose is stored, fenced by the lease token, before it is posted or
+    anything waits on it. The lease stays with the runner (no detached polling)."""
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):
+        job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
+        if not job:
+            return False
+        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+            task_id=task_id, task_observed_at=now, poll_failures=0
+        )
+        if changed:
+            events.emit(job["project_id"], "job.submitted", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
+    return bool(changed)

@@ -4,52 +4,232 @@ the signed-in user, so another user's project, provider or job answers 404."""
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpResponse
+from django.db.models import Case, Count, IntegerField, Value, When
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from queue_app import crypto, net, services
-from queue_app.models import AlbumItem, Family, Job, Project, Provider, Status
+from queue_app import crypto, events, heartbeats, net, services, status, tokens
+from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
+from queue_app.providers.catalogue import CATALOGUE, model_spec
+
+SECTION_LIMIT = 200
+ALBUM_LIMIT = 300
+LAYER_ROLES = ("layer",)
 
 
 def own(model, user, **lookup):
     """An object the user owns, or 404 — staff see everyone's."""
+    if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
+        raise Http404("not found")  # an id no database column can hold
     queryset = model.objects.all() if user.is_staff else model.objects.filter(owner=user)
     return get_object_or_404(queryset, **lookup)
 
 
 @login_required
 def project_list(request):
-    projects = Project.objects.filter(owner=request.user).select_related("provider")
+    projects = list(Project.objects.filter(owner=request.user).select_related("provider"))
+    counts = {}
+    for project_id, job_status, n in (
+        Job.objects.filter(project__in=projects).values_list("project_id", "status").annotate(n=Count("id")).order_by()
+    ):
+        counts.setdefault(project_id, {})[job_status] = n
+    for project in projects:
+        project.counts = counts.get(project.id, {})
     return render(request, "queue_app/project_list.html", {"projects": projects})
+
+
+# --- Project page -----------------------------------------------------------------------
+
+
+def model_choices(project: Project) -> list[tuple[str, str]]:
+    """The models the project's provider offers for the project's kind (its aliases too)."""
+    provider = project.provider
+    if provider is None:
+        return [(project.model, project.model)] if project.model else []
+    choices = [(spec.id, spec.name) for spec in CATALOGUE.get(provider.family, {}).values() if spec.kind == project.kind]
+    choices += [(alias, f"{alias} (alias)") for alias in (provider.model_aliases or {})]
+    if project.model and project.model not in [c[0] for c in choices]:
+        choices.insert(0, (project.model, project.model))
+    return choices
+
+
+def option_lists(project: Project, model: str) -> dict:
+    """What a model offers for each output setting (an empty list: free text / not offered)."""
+    provider = project.provider
+    spec = model_spec(provider.family, model, provider.model_aliases) if provider else None
+    return {
+        "aspect_ratio": list(spec.aspect_ratios) if spec else [],
+        "quality": list(spec.qualities) if spec else [],
+        "resolution": list(spec.resolutions) if spec else [],
+        "format": list(spec.formats) if spec else [],
+        "background": list(spec.backgrounds) if spec else [],
+        "duration": [str(d) for d in spec.durations] if spec else [],
+        "sound": ["on", "off"] if (spec and spec.kind == Kind.VIDEO) else [],
+    }
+
+
+def album_groups(project: Project) -> tuple[list[dict], int]:
+    """Completed outputs, newest first, grouped under their job (layers under it)."""
+    items = list(AlbumItem.objects.filter(project=project).order_by("-created_at", "job_id", "output_index")[:ALBUM_LIMIT])
+    total = AlbumItem.objects.filter(project=project).count()
+    groups: dict = {}
+    for item in items:
+        key = item.job_id or f"item-{item.id}"
+        group = groups.setdefault(key, {"job_id": item.job_id, "prompt": item.prompt, "main": [], "layers": []})
+        (group["layers"] if item.role in LAYER_ROLES else group["main"]).append(item)
+    return list(groups.values()), total
+
+
+def project_context(request, project: Project) -> dict:
+    now = timezone.now()
+    providers = status.visible_providers(request.user)
+    live = heartbeats.liveness(now=now)
+    counts = dict(project.jobs.values_list("status").annotate(n=Count("id")).order_by())
+    drafts = list(project.jobs.filter(status=Status.DRAFT).select_related("project").order_by("created_at", "id")[:SECTION_LIMIT])
+    order = Case(
+        When(status=Status.PROCESSING, then=Value(0)),
+        When(status=Status.PENDING, then=Value(1)),
+        default=Value(2),
+        output_field=IntegerField(),
+    )
+    queue_jobs = (
+        project.jobs.filter(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
+        .select_related("project")
+        .annotate(order=order)
+        .order_by("order", "queued_at", "created_at", "id")[:SECTION_LIMIT]
+    )
+    queue = [status.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
+    groups, album_total = album_groups(project)
+    chosen_model = request.GET.get("model") or project.model
+    return {
+        "project": project,
+        "counts": counts,
+        "drafts": drafts,
+        "drafts_total": counts.get(Status.DRAFT, 0),
+        "queue": queue,
+        "queue_total": sum(counts.get(s, 0) for s in (Status.PENDING, Status.PROCESSING, Status.FAILED)),
+        "failed_total": counts.get(Status.FAILED, 0),
+        "album": groups,
+        "album_total": album_total,
+        "models": model_choices(project),
+        "chosen_model": chosen_model,
+        "options": option_lists(project, chosen_model),
+        "last_seq": events.last_seq(project.id),
+        "section_limit": SECTION_LIMIT,
+        "comfy": project.kind == Kind.COMFYUI,
+    }
 
 
 @login_required
 def project_detail(request, project_id):
     project = own(Project, request.user, id=project_id)
-    jobs = project.jobs.order_by("-created_at")[:200]
-    return render(request, "queue_app/project_detail.html", {"project": project, "jobs": jobs, "Status": Status})
+    context = project_context(request, project)
+    if request.GET.get("fragment"):
+        return render(request, "queue_app/project_sections.html", context)
+    return render(request, "queue_app/project_detail.html", context)
+
+
+def _back_to(project, request=None):
+    """Back to the project page — or, for the page's own fetch() calls, the messages as
+    JSON (the page stays put and re-renders its sections)."""
+    if request is not None and request.headers.get("X-Requested-With") == "fetch":
+        notes = [{"level": m.tags, "text": str(m)} for m in messages.get_messages(request)]
+        return JsonResponse({"messages": notes})
+    return redirect("project_detail", project_id=project.id)
 
 
 @login_required
 @require_POST
 def project_start(request, project_id):
+    """Start selected drafts (or failed jobs: retry) — or all drafts."""
     project = own(Project, request.user, id=project_id)
-    ids = request.POST.getlist("job")
+    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
     try:
-        if ids:
+        if request.POST.get("all") == "1":
+            result = services.jobs_start(user=project.owner, project=project, all_drafts=True)
+        elif ids:
             result = services.jobs_start(user=project.owner, project=project, job_ids=ids)
         else:
-            result = services.jobs_start(user=project.owner, project=project, all_drafts=True)
+            raise services.ServiceError("select jobs first")
         messages.success(request, f"{len(result['started'])} job(s) started")
     except services.ServiceError as error:
         messages.error(request, error.message)
-    return redirect("project_detail", project_id=project.id)
+    return _back_to(project, request)
+
+
+@login_required
+@require_POST
+def project_retry(request, project_id):
+    project = own(Project, request.user, id=project_id)
+    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
+    if not ids:
+        messages.error(request, "select failed jobs first")
+        return _back_to(project, request)
+    ids = list(project.jobs.filter(id__in=ids).values_list("id", flat=True))
+    try:
+        result = services.jobs_retry(user=project.owner, job_ids=ids)
+        messages.success(request, f"{len(result['retried'])} job(s) retried")
+    except services.ServiceError as error:
+        messages.error(request, error.message)
+    return _back_to(project, request)
+
+
+@login_required
+@require_POST
+def project_delete_drafts(request, project_id):
+    project = own(Project, request.user, id=project_id)
+    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
+    if request.POST.get("all") == "1":
+        ids = list(project.jobs.filter(status=Status.DRAFT).values_list("id", flat=True))
+    deleted = services.drafts_delete(user=project.owner, project=project, job_ids=ids)
+    messages.success(request, f"{deleted} draft(s) deleted")
+    return _back_to(project, request)
+
+
+def _is_uuid(value) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(str(value))
+        return True
+    except ValueError:
+        return False
 
 
 class DraftForm(forms.Form):
     prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=services.MAX_PROMPT_CHARS)
     quantity = forms.IntegerField(min_value=1, max_value=services.MAX_DRAFTS_PER_REQUEST, initial=1)
+    model = forms.CharField(required=False, max_length=200)
+    aspect_ratio = forms.CharField(required=False, max_length=30)
+    quality = forms.CharField(required=False, max_length=30)
+    resolution = forms.CharField(required=False, max_length=30)
+    format = forms.CharField(required=False, max_length=10)
+    background = forms.CharField(required=False, max_length=20)
+    duration = forms.CharField(required=False, max_length=5)
+    sound = forms.CharField(required=False, max_length=10)
+
+
+def draft_settings(project: Project, data: dict) -> dict:
+    """The output settings of a draft form, each within what the chosen model offers
+    (blank: the project's setting, resolved at claim)."""
+    model = data.get("model") or ""
+    allowed_models = [choice[0] for choice in model_choices(project)]
+    if model and allowed_models and model not in allowed_models:
+        raise services.ServiceError(f"model {model!r} is not offered by this project's provider")
+    offered = option_lists(project, model or project.model)
+    values = {"model": model} if model else {}
+    for name, allowed in offered.items():
+        value = (data.get(name) or "").strip()
+        if not value:
+            continue
+        if allowed and value not in allowed:
+            raise services.ServiceError(f"{name.replace('_', ' ')} {value!r} is not offered by the model")
+        values[name] = int(value) if name == "duration" and value.isdigit() else value
+    if "duration" in values and not isinstance(values["duration"], int):
+        raise services.ServiceError("duration must be a whole number of seconds")
+    return values
 
 
 @login_required
@@ -59,21 +239,28 @@ def project_drafts(request, project_id):
     form = DraftForm(request.POST)
     if not form.is_valid():
         messages.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
-        return redirect("project_detail", project_id=project.id)
+        return _back_to(project, request)
     try:
         jobs = services.jobs_create_drafts(
-            user=project.owner, project=project, prompt=form.cleaned_data["prompt"], quantity=form.cleaned_data["quantity"]
+            user=project.owner,
+            project=project,
+            prompt=form.cleaned_data["prompt"],
+            quantity=form.cleaned_data["quantity"],
+            settings_=draft_settings(project, form.cleaned_data),
         )
         messages.success(request, f"{len(jobs)} draft(s) created")
     except services.ServiceError as error:
         messages.error(request, error.message)
-    return redirect("project_detail", project_id=project.id)
+    return _back_to(project, request)
 
 
 @login_required
 def job_detail(request, job_id):
     job = own(Job, request.user, id=job_id)
     return render(request, "queue_app/job_detail.html", {"job": job, "attempts": job.attempt_log.all()})
+
+
+# --- Providers --------------------------------------------------------------------------
 
 
 @login_required
@@ -125,3 +312,37 @@ def album_file(request, item_id, variant="file"):
     if not field:
         raise Http404("no file")
     return FileResponse(field.open("rb"), content_type=item.content_type if variant == "file" else "image/jpeg")
+
+
+# --- Account ----------------------------------------------------------------------------
+
+
+def account_context(request, **extra) -> dict:
+    return {"tokens": ApiToken.objects.filter(owner=request.user), "new_token": None, **extra}
+
+
+@login_required
+def account(request):
+    return render(request, "queue_app/account.html", account_context(request))
+
+
+@login_required
+@require_POST
+def account_token_create(request):
+    try:
+        token, raw = tokens.token_create(user=request.user, name=request.POST.get("name", ""))
+    except services.ServiceError as error:
+        messages.error(request, error.message)
+        return redirect("account")
+    # Shown once, on this response only; the database keeps a hash.
+    return render(request, "queue_app/account.html", account_context(request, new_token=raw, new_token_name=token.name))
+
+
+@login_required
+@require_POST
+def account_token_revoke(request, token_id):
+    if tokens.token_revoke(user=request.user, token_id=token_id):
+        messages.success(request, "token revoked")
+    else:
+        messages.error(request, "token not found")
+    return redirect("account")

@@ -206,7 +206,7 @@ BACKOFF_CAP_SECONDS = envfloat("BACKOFF_CAP_SECONDS", 60)
 DEFAULT_MAX_ATTEMPTS = envint("DEFAULT_MAX_ATTEMPTS", 4)
 JOB_PROCESSING_TIMEOUT_MS = envint("JOB_PROCESSING_TIMEOUT_MS", 7_200_000)
 DETACHED_POLL_SECONDS = envfloat("DETACHED_POLL_SECONDS", 30)
-POLL_PARALLELISM = envint("POLL_PARALLELISM", 8)
+POLL_PARALLELISM = envint("POLL_PARALLELISM", 16)
 JOB_STORAGE_ESTIMATE_BYTES = 25 * 1024 * 1024
 DEFAULT_STORAGE_LIMIT_BYTES = 5 * 1024**3
 # Outbound HTTP: hosts (or host:port) exempt from the private-address guard, and whether
@@ -214,8 +214,24 @@ DEFAULT_STORAGE_LIMIT_BYTES = 5 * 1024**3
 OUTBOUND_ALLOWLIST = envlist("OUTBOUND_ALLOWLIST")
 OUTBOUND_ALLOW_HTTP = envbool("OUTBOUND_ALLOW_HTTP", "False")
 OUTBOUND_MAX_BYTES = envint("OUTBOUND_MAX_BYTES", 200 * 1024 * 1024)
+# Web Push (finish notifications). Without keys in the environment a pair is generated once
+# and stored (the private key encrypted). The subject is the contact push services may use.
+VAPID_PUBLIC_KEY = os.getenv("VAPID_PUBLIC_KEY", "")
+VAPID_PRIVATE_KEY = os.getenv("VAPID_PRIVATE_KEY", "")
+VAPID_SUBJECT = os.getenv("VAPID_SUBJECT") or (SITE_URL if SITE_URL.startswith("https://") else "mailto:admin@localhost")
+# A project counts as finished after nothing was pending or processing for this long.
+PUSH_SETTLE_SECONDS = envfloat("PUSH_SETTLE_SECONDS", 5)
 # Demo provider's record of its own calls, readable by any process (tests, benchmarks).
 DEMO_LEDGER_DIR = Path(os.getenv("DEMO_LEDGER_DIR", VAR_DIR / "demo-ledger"))
+# Live events: how often daphne relays event rows written by other processes (the only
+# path in the embedded default; a safety net behind Redis). 0 turns the relay off.
+LIVE_RELAY_SECONDS = envfloat("LIVE_RELAY_SECONDS", 1.0 if REDIS_URL else 0.1)
+# ComfyUI: the runner also listens on each instance's WebSocket to notice finished prompts
+# at once (polling every 2 s stays the source of truth); downloads give up after this
+# long without data, or this long in all.
+COMFY_WEBSOCKET = envbool("COMFY_WEBSOCKET", "True")
+COMFY_DOWNLOAD_IDLE_SECONDS = envfloat("COMFY_DOWNLOAD_IDLE_SECONDS", 60)
+COMFY_DOWNLOAD_TOTAL_SECONDS = envfloat("COMFY_DOWNLOAD_TOTAL_SECONDS", 1800)
 # Named failpoints: the process exits at the named point (chaos tests).
 FAILPOINTS = envlist("FAILPOINTS")
 

@@ -105,3 +105,33 @@ def wait_for(predicate, *, timeout: float = 60, interval: float = 0.2, message: 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def daphne(log_dir: Path, *, port: int | None = None, **env) -> Proc:
+    """The web process (HTTP + WebSocket) on 127.0.0.1:`port`; `proc.url` is its base URL."""
+    port = port or free_port()
+    args = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "remixstudio.asgi:application"]
+    proc = Proc("daphne", args, child_env(**env), log_dir)
+    proc.url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _accepts(port) or not proc.alive(), timeout=60, message="daphne to listen")
+    if not proc.alive():
+        raise AssertionError("daphne exited:\n" + proc.log())
+    return proc
+
+
+def _accepts(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

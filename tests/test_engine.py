@@ -267,3 +267,41 @@ def test_snapshot_resolves_the_effective_provider_and_closest_shape(owner, inlin
     project.save()
     inline_tasks.run()
     assert AlbumItem.objects.get(job=job).metadata["aspect_ratio"] == "3:2"
+
+
+def test_an_account_problem_pauses_the_provider_and_keeps_the_jobs_queued(owner, inline_tasks):
+    from queue_app.status import queue_status
+
+    provider = make_provider(owner, concurrency=2, fail_rate=1, fail_kind="account")
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, 3)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    inline_tasks.run()
+    provider.refresh_from_db()
+    assert provider.paused and "no credit" in provider.paused_reason
+    assert statuses(jobs) == [Status.PENDING] * 3
+    assert all(job.attempts == 0 for job in Job.objects.filter(id__in=[j.id for j in jobs]))
+    row = queue_status(user=owner, breakdown="providers")["providers"][0]
+    assert row["waiting"] == 3 and list(row["waiting_reasons"]) == [f"provider paused: {provider.paused_reason}"]
+    # a person fixes the account and resumes: the reason is cleared and the jobs run
+    Provider.objects.filter(id=provider.id).update(options={"latency_ms": 0})
+    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    inline_tasks.run()
+    assert statuses(jobs) == [Status.COMPLETED] * 3
+    assert Provider.objects.get(id=provider.id).paused_reason == ""
+
+
+def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_tasks):
+    provider = make_provider(owner, concurrency=2)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, 2)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    assert len(inline_tasks.executions()) == 2
+    from queue_app.execution import cool_down
+    from queue_app.providers import demo
+
+    cool_down(provider.id, 30)  # another job's 429 arrives after both were claimed
+    inline_tasks.run()
+    assert demo.calls(provider.id) == []
+    assert statuses(jobs) == [Status.PENDING] * 2
+    assert all(job.attempts == 0 for job in Job.objects.filter(id__in=[j.id for j in jobs]))

@@ -25,3 +25,36 @@ def adapter_for(family: str):
         if exc.name == path:
             raise PermanentError(f"provider family {family!r} has no adapter in this build") from None
         raise
+
+
+def poll_seconds(family: str) -> float:
+    """How often a detached task of `family` is checked: the default cycle
+    (DETACHED_POLL_SECONDS, 30 s), or the family's own faster cadence (Civitai 5 s)."""
+    from django.conf import settings
+
+    from queue_app.providers.base import ProviderError
+
+    default = float(settings.DETACHED_POLL_SECONDS)
+    try:
+        own = getattr(adapter_for(family), "POLL_SECONDS", None)
+    except ProviderError:
+        return default
+    return min(float(own), default) if own else default
+
+
+def call(request, fn, *args):
+    """Call an adapter function (submit or check) so that nothing it reports can carry the
+    provider's own key or secret into a stored reason, an event or a log line."""
+    from queue_app.crypto import redact
+    from queue_app.providers.base import Failed, ProviderError
+
+    secrets = (request.api_key, request.api_secret)
+    try:
+        result = fn(*args)
+    except ProviderError as error:
+        error.reason = redact(error.reason, secrets)
+        error.args = (error.reason,)
+        raise
+    if isinstance(result, Failed):
+        return Failed(reason=redact(result.reason, secrets), permanent=result.permanent)
+    return result

@@ -4,7 +4,8 @@ An adapter module exposes:
 
     submit(job: ResolvedJob) -> Finished | Submitted
     check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed
-    POLL_SECONDS: float        # how often a detached task of this family is checked
+    POLL_SECONDS: float | None # how often a detached task of this family is checked
+                               # (None: the default cycle, DETACHED_POLL_SECONDS = 30 s)
 
 and raises PermanentError, TransientError or AmbiguousError. Adapters know nothing of
 Django models, views or the queue's internals: they get a ResolvedJob, return outputs or
@@ -28,6 +29,12 @@ class PermanentError(ProviderError):
     """Validation, auth, content policy, model gone: retrying as-is cannot help."""
 
     error_class = "permanent"
+
+
+class AccountError(PermanentError):
+    """The account, not the job, is at fault: a rejected key, no credit, billing off.
+    Every job sent now would fail the same way, so the queue pauses the provider (with
+    this reason) and puts the job back, instead of failing the whole queue one by one."""
 
 
 class TransientError(ProviderError):
@@ -58,6 +65,7 @@ class Output:
     width: int | None = None
     height: int | None = None
     poster: bytes | None = None  # a video's poster frame, when it was cheap to get
+    poster_url: str | None = None  # or where to fetch it (a failed poster fetch is not a failure)
     headers: dict = field(default_factory=dict)  # sent with the download of `url`
 
 

@@ -75,15 +75,22 @@ CATALOGUE: dict[str, dict[str, ModelSpec]] = {
         ModelSpec("sora-2", "Sora 2", "video", ("1280x720", "720x1280"), durations=(4, 8, 12)),
     ),
     "google": _models(
+        # imageConfig.imageSize (uppercase K) is a resolution, not a quality.
         ModelSpec(
             "gemini-3.1-flash-image-preview",
             "Nano Banana 2",
             "image",
             GEMINI_RATIOS + ("1:4", "4:1", "1:8", "8:1", "9:21"),
-            ("1K", "2K", "4K"),
+            resolutions=("1K", "2K", "4K"),
         ),
-        ModelSpec("gemini-3-pro-image-preview", "Nano Banana Pro", "image", GEMINI_RATIOS + ("1:4", "4:1"), ("1K", "2K", "4K")),
-        ModelSpec("gemini-2.5-flash-image", "Nano Banana", "image", GEMINI_RATIOS, ("1K",)),
+        ModelSpec(
+            "gemini-3-pro-image-preview",
+            "Nano Banana Pro",
+            "image",
+            GEMINI_RATIOS + ("1:4", "4:1"),
+            resolutions=("1K", "2K", "4K"),
+        ),
+        ModelSpec("gemini-2.5-flash-image", "Nano Banana", "image", GEMINI_RATIOS, resolutions=("1K",)),
         ModelSpec("gemini-2.5-flash", "Gemini 2.5 Flash", "text"),
         ModelSpec("gemini-2.5-pro", "Gemini 2.5 Pro", "text"),
         ModelSpec(
@@ -97,7 +104,12 @@ CATALOGUE: dict[str, dict[str, ModelSpec]] = {
     ),
     "runninghub": _models(
         ModelSpec(
-            "rhart-image-n-pro/text-to-image", "Nano Banana Pro (RunningHub)", "image", RH_RATIOS, resolutions=("1k", "2k", "4k")
+            "rhart-image-n-pro/text-to-image",
+            "Nano Banana Pro (RunningHub)",
+            "image",
+            RH_RATIOS,
+            resolutions=("1k", "2k", "4k"),
+            extra={"with_references": "rhart-image-n-pro/edit"},
         ),
         ModelSpec(
             "rhart-image-g-2-official/text-to-image",
@@ -108,18 +120,38 @@ CATALOGUE: dict[str, dict[str, ModelSpec]] = {
             resolutions=("1k", "2k", "4k"),
         ),
         ModelSpec("workflow", "ComfyUI workflow (RunningHub)", "image", extra={"workflow": True}),
+        # A user's Qwen-Image-Layered workflow: results[0] is the composite, the rest layers.
         ModelSpec(
-            "seedance-2.0",
+            "workflow-layers", "Layer decomposition workflow (RunningHub)", "image", extra={"workflow": True, "layers": True}
+        ),
+        ModelSpec("ai-app", "AI app (RunningHub)", "image", extra={"workflow": True}),
+        ModelSpec("workflow-video", "ComfyUI video workflow (RunningHub)", "video", extra={"workflow": True}),
+        ModelSpec(
+            "bytedance/seedance-2.0-global/text-to-video",
             "Seedance 2.0 (RunningHub)",
             "video",
             ("adaptive", "16:9", "4:3", "1:1", "3:4", "9:16", "21:9"),
             resolutions=("480p", "720p", "1080p"),
             durations=tuple(range(4, 16)),
+            extra={"with_references": "bytedance/seedance-2.0-global/image-to-video"},
         ),
     ),
     "civitai": _models(
-        ModelSpec("urn:air:sdxl:checkpoint:civitai:101055@128078", "SDXL base", "image", ("1:1", "3:2", "2:3", "16:9", "9:16")),
-        ModelSpec("urn:air:flux1:checkpoint:civitai:618692@691639", "Flux.1 dev", "image", ("1:1", "3:2", "2:3", "16:9", "9:16")),
+        # v2 `imageGen` steps: engine `sdcpp` with the AIR's ecosystem (recipes/sdxl.md).
+        ModelSpec(
+            "urn:air:sdxl:checkpoint:civitai:101055@128078",
+            "SDXL (Juggernaut XL)",
+            "image",
+            ("1:1", "3:2", "2:3", "16:9", "9:16"),
+            extra={"engine": "sdcpp", "ecosystem": "sdxl"},
+        ),
+        ModelSpec(
+            "urn:air:flux1:checkpoint:civitai:618692@691639",
+            "Flux.1 dev",
+            "image",
+            ("1:1", "3:2", "2:3", "16:9", "9:16"),
+            extra={"engine": "sdcpp", "ecosystem": "flux1"},
+        ),
     ),
     "replicate": _models(
         ModelSpec(
@@ -127,7 +159,8 @@ CATALOGUE: dict[str, dict[str, ModelSpec]] = {
             "FLUX.2 pro",
             "image",
             FLUX_RATIOS,
-            ("0.25 MP", "0.5 MP", "1 MP", "2 MP", "4 MP"),
+            resolutions=("1 MP", "0.25 MP", "0.5 MP", "2 MP", "4 MP"),
+            extra={"reference_field": "input_images"},
         ),
         ModelSpec("black-forest-labs/flux-schnell", "FLUX schnell", "image", FLUX_RATIOS),
         ModelSpec(
@@ -137,6 +170,7 @@ CATALOGUE: dict[str, dict[str, ModelSpec]] = {
             ("16:9", "9:16", "1:1"),
             resolutions=("480p", "720p", "1080p"),
             durations=(5, 10),
+            extra={"reference_field": "image"},
         ),
     ),
 }

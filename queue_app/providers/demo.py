@@ -4,7 +4,7 @@ Options on the provider record:
 - `mode`: `sync` (finishes in the call) or `async` (returns a task id to poll);
 - `latency_ms`: how long a generation takes;
 - `fail_rate` (0–1): share of calls that fail, with `fail_kind` one of `transient` (default),
-  `permanent`, `ambiguous` or `rate_limit` (a 429 with `retry_after` seconds, default 2);
+  `permanent`, `ambiguous`, `account` (no credit) or `rate_limit` (a 429 with `retry_after` seconds, default 2);
 - `layers`: how many transparent layers the `demo-layers` model returns (default 3).
 
 It keeps a ledger of its own calls per provider record (one append-only file each, readable
@@ -26,6 +26,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from queue_app.providers.base import (
+    AccountError,
     AmbiguousError,
     Failed,
     Finished,
@@ -174,6 +175,8 @@ def _maybe_fail(options: dict) -> None:
     kind = options.get("fail_kind", "transient")
     if kind == "permanent":
         raise PermanentError("demo provider refused the prompt (simulated permanent failure)")
+    if kind == "account":
+        raise AccountError("demo provider: the account has no credit left (simulated)")
     if kind == "ambiguous":
         raise AmbiguousError("demo provider timed out after the request was sent (simulated)")
     if kind == "rate_limit":

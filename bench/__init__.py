@@ -1,0 +1,1 @@
+"""Benchmarks and the chaos run: `python -m bench.run_all`, `python -m bench.chaos`."""

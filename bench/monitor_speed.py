@@ -1,0 +1,167 @@
+"""Server time of the Queue Monitor page and of the status API at scale.
+
+100,000 jobs, 50 providers, 200 projects (one account owns them; a staff account sees
+them too), live worker and queue-service heartbeats. Each URL is requested through
+Django's test client in-process (the server's whole request path: middleware, session,
+selector, template), after warm-up; p50 and p95 over the runs. Also the number of SQL
+queries per request, which does not grow with the number of jobs.
+
+Meant for PostgreSQL (it builds its own database `bench_mon`, dropped afterwards):
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python -m bench.monitor_speed [--jobs 100000] [--runs 30]
+
+Without DATABASE_URL it runs on a temporary SQLite file. One line per figure: name,
+value, unit, comparison.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TMP = Path(tempfile.mkdtemp(prefix="monitor-bench-"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "remixstudio.settings")
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+os.environ["TEST_DB_NAME"] = "bench_mon" if os.getenv("DATABASE_URL") else str(TMP / "bench.sqlite3")
+os.environ.setdefault("ALLOWED_HOSTS", "testserver")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+GOAL_MS = 100.0
+
+
+def seed(n_jobs: int, n_providers: int, n_projects: int):
+    from django.contrib.auth import get_user_model
+
+    from queue_app import heartbeats
+    from queue_app.models import AccountSettings, Job, Project, Provider, Status
+
+    User = get_user_model()
+    owner = User.objects.create_user("bench", password="x")
+    staff = User.objects.create_user("bench-staff", password="x", is_staff=True)
+    for user in (owner, staff):
+        AccountSettings.objects.create(user=user)
+    now = timezone.now()
+    providers = Provider.objects.bulk_create(
+        [
+            Provider(owner=owner, name=f"provider {i}", family="demo", concurrency=120, paused=(i % 10 == 9), options={})
+            for i in range(n_providers)
+        ]
+    )
+    projects = Project.objects.bulk_create(
+        [
+            Project(owner=owner, name=f"project {i}", provider=providers[i % n_providers], model="demo-image")
+            for i in range(n_projects)
+        ]
+    )
+    slots = {p.id: 0 for p in providers}
+    rows = []
+    # A realistic mix: mostly history, a backlog, some running and detached work.
+    for i in range(n_jobs):
+        project = projects[i % n_projects]
+        provider = project.provider
+        bucket = i % 20
+        fields = {"status": Status.COMPLETED, "finished_at": now}
+        if bucket < 3:
+            fields = {"status": Status.PENDING, "queued_at": now - timedelta(seconds=i % 900)}
+        elif bucket == 3:
+            fields = {"status": Status.PENDING, "queued_at": now, "not_before": now + timedelta(seconds=60)}
+        elif bucket == 4 and slots[provider.id] < provider.concurrency:
+            slot = slots[provider.id]
+            slots[provider.id] += 1
+            fields = {
+                "status": Status.PROCESSING,
+                "active_provider_id": provider.id,
+                "slot": slot,
+                "task_id": f"task-{i}" if slot % 2 else "",
+                "lease_expires_at": now + timedelta(hours=1),
+                "started_at": now,
+            }
+        elif bucket in (5, 6):
+            fields = {"status": Status.FAILED, "error": f"provider error {i % 37}", "attempts": 4}
+        elif bucket == 7:
+            fields = {"status": Status.DRAFT}
+        rows.append(Job(project=project, owner=owner, prompt=f"prompt {i} " + "x" * 80, **fields))
+    Job.objects.bulk_create(rows, batch_size=5000)
+    heartbeats.beat("worker")
+    heartbeats.beat("queue_service")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    return owner, staff
+
+
+def measure(client: Client, url: str, runs: int) -> tuple[list[float], int]:
+    for _ in range(3):
+        assert client.get(url).status_code == 200
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - start) * 1000)
+        assert response.status_code == 200
+    with CaptureQueriesContext(connection) as ctx:
+        client.get(url)
+    return times, len(ctx.captured_queries)
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--providers", type=int, default=50)
+    parser.add_argument("--projects", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        started = time.perf_counter()
+        owner, staff = seed(args.jobs, args.providers, args.projects)
+        seeded = time.perf_counter() - started
+        print(
+            f"seed_seconds {seeded:.1f} s "
+            f"({args.jobs} jobs, {args.providers} providers, {args.projects} projects, {connection.vendor})"
+        )
+        # the machine is shared: the load says how much of a figure is other work
+        print(f"load_average_1min {os.getloadavg()[0]:.2f} processes ({os.cpu_count()} cpus)")
+        urls = [
+            ("monitor_page", "/queue/"),
+            ("monitor_page_waiting_filter", "/queue/?state=waiting"),
+            ("monitor_fragment", "/queue/?fragment=1"),
+            ("status_api_none", "/api/queue/status"),
+            ("status_api_all", "/api/queue/status?breakdown=all"),
+        ]
+        for who, user in (("owner", owner), ("staff", staff)):
+            client = Client()
+            client.force_login(user)
+            for name, url in urls:
+                times, queries = measure(client, url, args.runs)
+                p50, p95 = statistics.median(times), percentile(times, 0.95)
+                verdict = "meets" if p50 < GOAL_MS else "misses"
+                print(f"{name}_{who}_p50 {p50:.1f} ms {verdict} goal p50 < {GOAL_MS:.0f} ms")
+                print(f"{name}_{who}_p95 {p95:.1f} ms (p50 {p50:.1f})")
+                print(f"{name}_{who}_queries {queries} queries constant (same at 10 jobs; tests/test_monitor.py)")
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""The recovery scan at scale, and one detached poll cycle at scale.
+
+    python -m bench.recovery_scan [--database-url URL] [--pending 100000] [--processing 10000]
+                                  [--detached 5000] [--poll-latency-ms 100]
+
+Recovery: a database with `--pending` pending jobs and `--processing` running jobs
+whose worker is gone (expired leases, spread over 100 providers' slots), no workers
+running; `recovery.recover()` timed, with its peak Python allocation (tracemalloc) and
+the process's resident memory growth.
+
+Detached polling: `--detached` jobs detached on a fake Replicate server that answers
+each status check after `--poll-latency-ms` (all still processing); the poll steps that
+check every due job once (one 30 s cycle's worth of work) timed, with the SQL queries
+per checked job.
+"""
+
+import argparse
+import sys
+import threading
+import time
+import tracemalloc
+import uuid
+from datetime import timedelta
+
+from bench import runner
+
+ROOT = runner.ROOT
+LABEL = ""
+
+
+def line(name, value, unit="", comparison=""):
+    text = f"bench.{name}[{LABEL}] {value}"
+    if unit:
+        text += f" {unit}"
+    if comparison:
+        text += f" ({comparison})"
+    print(text, flush=True)
+
+
+class QueryCounter:
+    """Counts SQL statements from every thread (Django's capture is per connection)."""
+
+    def __init__(self):
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, execute, sql, params, many, context):
+        with self.lock:
+            self.count += 1
+        return execute(sql, params, many, context)
+
+
+def main(argv=None) -> int:
+    global LABEL
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--database-url", default="")
+    parser.add_argument("--database", default="rs_bench_scan")
+    parser.add_argument("--pending", type=int, default=100_000)
+    parser.add_argument("--processing", type=int, default=10_000)
+    parser.add_argument("--detached", type=int, default=5_000)
+    parser.add_argument("--poll-latency-ms", type=float, default=100)
+    parser.add_argument("--poll-parallelism", type=int, default=None)
+    args = parser.parse_args(argv)
+    var = ROOT / "var" / "bench" / ("scan-pg" if args.database_url else "scan-sqlite")
+    url = runner.with_database(args.database_url, args.database) if args.database_url else f"sqlite:///{var / 'scan.sqlite3'}"
+    LABEL = "postgresql" if args.database_url else "sqlite"
+    import shutil
+
+    from tests.fakes.chaos_provider import ChaosProvider
+
+    shutil.rmtree(var, ignore_errors=True)
+    var.mkdir(parents=True)
+    fake = ChaosProvider(seed=1).start()
+    stack = runner.Stack(
+        database_url=url,
+        cluster_name="rs_bench_scan",
+        var_dir=var,
+        extra=dict(LOG_LEVEL="WARNING", OUTBOUND_ALLOWLIST=f"127.0.0.1:{fake.port}", OUTBOUND_ALLOW_HTTP="True"),
+    )
+    runner.recreate_database(url)
+    runner.migrate(stack)
+    stack.apply()
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import psutil
+    from django.contrib.auth import get_user_model
+    from django.db import connection, connections
+    from django.utils import timezone
+
+    from queue_app import polling, recovery, tasks
+    from queue_app.models import AccountSettings, Job, JobAttempt, Project, Provider, Status
+
+    tasks._enqueue = lambda func, *args: None  # no broker: nothing runs the claims here
+    user = get_user_model().objects.create_user(username="bench", password="bench-pw-unused")
+    AccountSettings.objects.create(user=user)
+
+    # --- recovery scan -------------------------------------------------------------
+    providers = Provider.objects.bulk_create(
+        [Provider(owner=user, name=f"p{n}", family="demo", concurrency=100, options={"latency_ms": 0}) for n in range(100)]
+    )
+    projects = Project.objects.bulk_create(
+        [
+            Project(owner=user, name=f"p{n}", provider=provider, model="demo-text", kind="text")
+            for n, provider in enumerate(providers)
+        ]
+    )
+    now = timezone.now()
+    gone = now - timedelta(minutes=5)
+    batch = []
+    for n in range(args.processing):
+        project = projects[n % len(projects)]
+        batch.append(
+            Job(
+                project=project,
+                owner=user,
+                prompt="p",
+                status=Status.PROCESSING,
+                active_provider_id=project.provider_id,
+                slot=n // len(projects),
+                lease_owner="elsewhere:1",
+                lease_token=uuid.uuid4(),
+                lease_expires_at=gone,
+                attempts=1,
+                queued_at=gone,
+                started_at=gone,
+                resolved={"kind": "text", "model": "demo-text"},
+            )
+        )
+    Job.objects.bulk_create(batch, batch_size=2000)
+    for start in range(0, args.pending, 5000):
+        Job.objects.bulk_create(
+            [
+                Job(project=projects[n % len(projects)], owner=user, prompt="p", status=Status.PENDING, queued_at=now)
+                for n in range(start, min(args.pending, start + 5000))
+            ],
+            batch_size=5000,
+        )
+    JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(job_id=job_id, number=1)
+            for job_id in Job.objects.filter(status=Status.PROCESSING).values_list("id", flat=True)
+        ],
+        batch_size=5000,
+    )
+    connection.close()
+    rss_before = psutil.Process().memory_info().rss
+    tracemalloc.start()
+    started = time.monotonic()
+    counts = recovery.recover()
+    elapsed = time.monotonic() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss_growth = psutil.Process().memory_info().rss - rss_before
+    line(
+        "recovery_scan_time",
+        f"{elapsed:.2f}",
+        "s",
+        f"{args.pending} pending + {args.processing} processing; healed {counts['healed']}, claimed {counts['dispatched']}",
+    )
+    line("recovery_scan_peak_python_alloc", f"{peak / 1e6:.1f}", "MB", "tracemalloc peak")
+    line("recovery_scan_rss_growth", f"{rss_growth / 1e6:.1f}", "MB")
+    Job.objects.all().delete()
+
+    # --- one detached poll cycle ---------------------------------------------------
+    key = "r8_bench_" + uuid.uuid4().hex
+    record = fake.configure(key, family="replicate", latency=(1e9, 1e9))
+    record.poll_delay = args.poll_latency_ms / 1000
+    provider = Provider(
+        owner=user, name="replicate", family="replicate", base_url=f"{fake.url}/v1", concurrency=args.detached, max_attempts=4
+    )
+    provider.api_key = key
+    provider.save()
+    project = Project.objects.create(owner=user, name="detached", provider=provider, model="black-forest-labs/flux-schnell")
+    from tests.fakes.chaos_provider import Prediction
+
+    batch = []
+    for n in range(args.detached):
+        prediction_id = uuid.uuid4().hex[:26]
+        fake.predictions[prediction_id] = Prediction(
+            id=prediction_id, key=key, job=str(n), created=time.time(), work_end=float("inf"), failed=False, input={}, model="m"
+        )
+        batch.append(
+            Job(
+                project=project,
+                owner=user,
+                prompt="p",
+                status=Status.PROCESSING,
+                active_provider=provider,
+                slot=n,
+                lease_token=uuid.uuid4(),
+                task_id=prediction_id,
+                task_observed_at=now,
+                next_poll_at=now - timedelta(seconds=1),
+                attempts=1,
+                started_at=now,
+                resolved={"kind": "image", "model": "black-forest-labs/flux-schnell", "family": "replicate"},
+            )
+        )
+    Job.objects.bulk_create(batch, batch_size=2000)
+    counter = QueryCounter()
+    from django.db.backends.signals import connection_created
+
+    def instrument(sender, connection, **kwargs):
+        connection.execute_wrappers.append(counter)
+
+    connection_created.connect(instrument)
+    for conn in connections.all():
+        conn.close()
+    checked = 0
+    started = time.monotonic()
+    cycle_now = timezone.now()
+    while True:
+        done = polling.poll_once(now=cycle_now, parallelism=args.poll_parallelism)
+        if not done:
+            break
+        checked += done
+    elapsed = time.monotonic() - started
+    parallelism = args.poll_parallelism or django.conf.settings.POLL_PARALLELISM
+    line(
+        "detached_poll_cycle",
+        f"{elapsed:.2f}",
+        "s",
+        f"{checked} jobs at {args.poll_latency_ms:g} ms per check, {parallelism} parallel; the cycle is 30 s",
+    )
+    line("detached_poll_queries_per_job", f"{counter.count / max(1, checked):.2f}", "queries", "claim + re-read + apply")
+    fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Write services and the connection test of ComfyUI project settings."""
+
+import json
+
+from comfy_app import client as comfy
+from comfy_app import workflow
+from comfy_app.models import ComfyInstance
+from queue_app import net
+from queue_app.models import Kind, Project
+from queue_app.services import ServiceError
+
+
+def _own_comfy_project(user, project: Project) -> Project:
+    if project.owner_id != user.id and not user.is_staff:
+        raise ServiceError("project not found", 404)
+    if project.kind != Kind.COMFYUI:
+        raise ServiceError("this project is not a ComfyUI project")
+    return project
+
+
+def instance_of(project: Project) -> ComfyInstance:
+    return ComfyInstance.objects.get_or_create(project=project)[0]
+
+
+def check_address(url: str) -> str:
+    url = comfy.normalise_url(url)
+    if not url:
+        return ""
+    try:
+        net.check_url(url)
+    except net.UnsafeURL as error:
+        raise ServiceError(f"the ComfyUI address is not allowed: {error}") from None
+    return url
+
+
+def comfy_settings_save(
+    *,
+    user,
+    project: Project,
+    base_url: str,
+    workflow_json,
+    bindings,
+    username: str = "",
+    password: str | None = None,
+    clear_password: bool = False,
+    include_video: bool = False,
+) -> ComfyInstance:
+    """Save a project's ComfyUI settings. The password is write-only: None keeps it."""
+    _own_comfy_project(user, project)
+    if isinstance(workflow_json, str):
+        try:
+            workflow_json = json.loads(workflow_json) if workflow_json.strip() else {}
+        except ValueError as error:
+            raise ServiceError(f"the workflow is not valid JSON: {error}") from None
+    if isinstance(bindings, str):
+        try:
+            bindings = json.loads(bindings) if bindings.strip() else []
+        except ValueError as error:
+            raise ServiceError(f"the bindings are not valid JSON: {error}") from None
+    try:
+        if workflow_json:
+            workflow.validate_workflow(workflow_json)
+        bindings = workflow.validate_bindings(bindings or [], workflow_json or {})
+    except workflow.WorkflowError as error:
+        raise ServiceError(str(error)) from None
+    instance = instance_of(project)
+    instance.base_url = check_address(base_url)
+    instance.username = (username or "").strip()
+    if clear_password:
+        instance.password = ""
+    elif password:
+        instance.password = password
+    instance.workflow = workflow_json or {}
+    instance.node_order = list(workflow_json or {})
+    instance.bindings = bindings
+    instance.include_video = include_video
+    instance.save()
+    return instance
+
+
+def comfy_test_connection(*, user, project: Project, base_url: str | None = None) -> dict:
+    """{ok, url, version, device, vram_total, vram_free} or {ok: False, url, error}."""
+    _own_comfy_project(user, project)
+    instance = instance_of(project)
+    url = comfy.normalise_url(base_url if base_url else instance.base_url)
+    try:
+        check_address(url)
+        client = comfy.ComfyClient(url, username=instance.username, password=instance.password)
+        stats = client.system_stats()
+    except ServiceError as error:
+        return {"ok": False, "url": url, "error": error.message}
+    except comfy.ComfyError as error:
+        return {"ok": False, "url": url, "error": error.reason}
+    system = stats.get("system") or {}
+    device = (stats.get("devices") or [{}])[0]
+    return {
+        "ok": True,
+        "url": url,
+        "version": system.get("comfyui_version", "unknown"),
+        "device": device.get("name", "unknown"),
+        "device_type": device.get("type", ""),
+        "vram_total": device.get("vram_total"),
+        "vram_free": device.get("vram_free"),
+    }

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from comfy_app import views
+
+urlpatterns = [
+    path("projects/<int:project_id>/comfyui/", views.comfy_settings, name="comfy_settings"),
+    path("projects/<int:project_id>/comfyui/test", views.comfy_test, name="comfy_test"),
+]

@@ -1,0 +1,191 @@
+"""Replicate predictions: asynchronous (201 on create, then `GET /predictions/{id}`).
+
+Shapes: ../shared/providers/replicate.md. Quirks handled here:
+- `version` may be `owner/name`, `owner/name:<version>` or a bare version id — all go to
+  `POST /v1/predictions`;
+- statuses `starting`/`processing` (keep polling), `succeeded`, `failed`, `canceled`
+  and `aborted` (a deadline passed before it started; Remix forgot this one);
+- `output` is a URL string, an array of URLs (every one is kept), an object with URLs,
+  or — for language models — a list of text tokens (joined);
+- a success with an empty output is a failure (NSFW checkers drop images that way);
+- outputs are deleted after an hour (`data_removed`): the output writer downloads them
+  as soon as the task finishes; a retry after that finds them gone and submits fresh;
+- `failed` errors are free text: content-filter words are permanent, input validation
+  is permanent, anything else is worth one fresh submission.
+"""
+
+import re
+
+from queue_app.providers import http_errors as http
+from queue_app.providers.base import (
+    AccountError,
+    AmbiguousError,
+    Failed,
+    Finished,
+    Output,
+    PermanentError,
+    ResolvedJob,
+    Running,
+    Submitted,
+)
+
+DEFAULT_BASE = "https://api.replicate.com/v1"
+POLL_SECONDS = None  # the default 30 s cycle
+LABEL = "Replicate"
+
+CONTENT_FILTER_WORDS = ("nsfw", "sensitive", "e005", "content policy", "safety", "flagged")
+DEAD_STATUSES = {"canceled", "aborted"}
+RUNNING_STATUSES = {"starting", "processing"}
+OWN_PARAMS = {"layered"}
+RESET_IN = re.compile(r"resets in ~?(\d+(?:\.\d+)?)\s*s", re.IGNORECASE)
+
+
+def _base(job: ResolvedJob) -> str:
+    return (job.base_url or DEFAULT_BASE).rstrip("/")
+
+
+def _headers(job: ResolvedJob) -> dict:
+    return {"Authorization": f"Bearer {job.api_key}", "Content-Type": "application/json"}
+
+
+def _raise_for_status(response, *, create: bool) -> None:
+    if response.status_code < 400:
+        return
+    problem = http.error_body(response)
+    status = response.status_code
+    title, detail = str(problem.get("title") or ""), str(problem.get("detail") or response.reason or "")
+    message = f"{LABEL} HTTP {status}: {http.short(' — '.join(part for part in (title, detail) if part))}"
+    if status == 402:
+        raise AccountError(f"{message} — add credit to the account")
+    delay = http.retry_delay(response.headers)
+    if status == 429 and delay is None:
+        hint = RESET_IN.search(detail)
+        reset = response.headers.get("ratelimit-reset")
+        if hint:
+            delay = float(hint.group(1))
+        elif reset and reset.replace(".", "", 1).isdigit():
+            delay = float(reset)
+    raise http.error_for_status(status, message, create=create, delay=delay)
+
+
+def _input(job: ResolvedJob) -> dict:
+    from queue_app.providers.catalogue import model_spec
+
+    spec = model_spec("replicate", job.model)
+    extra = spec.extra if spec else {}
+    data = {"prompt": job.prompt}
+    if job.aspect_ratio:
+        data["aspect_ratio"] = job.aspect_ratio
+    if job.resolution:
+        data["resolution"] = job.resolution
+    if job.duration:
+        data["duration"] = job.duration
+    if job.format and job.kind == "image":
+        data["output_format"] = job.format
+    if job.kind == "text":
+        if job.system_prompt:
+            data["system_prompt"] = job.system_prompt
+        if job.max_tokens:
+            data["max_tokens"] = job.max_tokens
+        if job.temperature is not None:
+            data["temperature"] = job.temperature
+    if job.references:
+        field = extra.get("reference_field") or ("image" if job.kind == "video" else "input_images")
+        data[field] = job.references[0] if field == "image" else list(job.references)
+    data.update({key: value for key, value in job.params.items() if key not in OWN_PARAMS})
+    return data
+
+
+def _urls(value) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value.startswith(("https://", "http://")) else []
+    if isinstance(value, list):
+        return [url for item in value for url in _urls(item)]
+    if isinstance(value, dict):
+        return [url for item in value.values() for url in _urls(item)]
+    return []
+
+
+def _download_headers(job: ResolvedJob, url: str) -> dict:
+    # Remix sends the token with the download; only ever to Replicate's own hosts.
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    if host.endswith((".replicate.delivery", ".replicate.com")) or host in ("replicate.delivery", "replicate.com"):
+        return {"Authorization": f"Bearer {job.api_key}"}
+    return {}
+
+
+def _state(prediction: dict, job: ResolvedJob) -> Running | Finished | Failed:
+    status = str(prediction.get("status") or "").lower()
+    prediction_id = str(prediction.get("id") or "")[:40]
+    if status in RUNNING_STATUSES or not status:
+        return Running()
+    if status in DEAD_STATUSES:
+        return Failed(reason=f"{LABEL} prediction {prediction_id} was {status}")
+    if status == "failed":
+        error = http.short(prediction.get("error") or "no reason given")
+        lowered = error.lower()
+        if any(word in lowered for word in CONTENT_FILTER_WORDS):
+            return Failed(reason=f"{LABEL} refused the content: {error}")
+        if "input validation" in lowered or "invalid input" in lowered:
+            return Failed(reason=f"{LABEL} rejected the input: {error}")
+        return Failed(reason=f"{LABEL} prediction failed: {error}", permanent=False)
+    if status != "succeeded":
+        return Running()  # a status we do not know: keep polling, bounded by the timeout
+    if prediction.get("data_removed"):
+        return Failed(reason=f"{LABEL} already deleted the outputs of prediction {prediction_id} (kept for one hour)")
+    output = prediction.get("output")
+    if job.kind == "text":
+        text = "".join(output) if isinstance(output, list) else output if isinstance(output, str) else ""
+        if not str(text).strip():
+            return Failed(reason=f"{LABEL} prediction succeeded without any text")
+        return Finished(outputs=[Output(kind="text", text=str(text), content_type="text/plain")])
+    outputs = []
+    for url in _urls(output):
+        content_type = http.content_type_for(url)
+        outputs.append(
+            Output(
+                kind=http.kind_of(content_type, job.kind if job.kind != "text" else "image"),
+                url=url,
+                content_type=content_type,
+                headers=_download_headers(job, url),
+            )
+        )
+    if not outputs:
+        return Failed(reason=f"{LABEL} prediction succeeded without any output (possibly filtered)")
+    return Finished(outputs=http.with_roles(job, outputs))
+
+
+def submit(job: ResolvedJob) -> Finished | Submitted:
+    if not job.model:
+        raise PermanentError(f"{LABEL}: no model given")
+    headers = _headers(job)
+    wait = int(job.options.get("wait_seconds", 0) or 0)
+    timeout = None
+    if wait:
+        headers["Prefer"] = f"wait={max(1, min(60, wait))}"
+        timeout = (10, min(60, wait) + 30)
+    body = {"version": job.model, "input": _input(job)}
+    url = f"{_base(job)}/predictions"
+    response = http.send("POST", url, create=True, label=LABEL, json=body, headers=headers, timeout=timeout)
+    _raise_for_status(response, create=True)
+    prediction = http.json_body(response, create=True, label=LABEL)
+    if not prediction.get("id"):
+        raise AmbiguousError(f"{LABEL} accepted the prediction but sent no id")
+    state = _state(prediction, job)
+    if isinstance(state, Finished):
+        return state
+    if isinstance(state, Failed):
+        raise PermanentError(state.reason) if state.permanent else http.TransientError(state.reason)
+    return Submitted(task_id=str(prediction["id"]))
+
+
+def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
+    response = http.send(
+        "GET", f"{_base(job)}/predictions/{http.segment(task_id)}", create=False, label=LABEL, headers=_headers(job)
+    )
+    if response.status_code == 404:
+        return Failed(reason=f"{LABEL} no longer knows prediction {task_id[:40]} (404: expired or deleted)")
+    _raise_for_status(response, create=False)
+    return _state(http.json_body(response, create=False, label=LABEL), job)

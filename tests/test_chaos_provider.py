@@ -1,0 +1,85 @@
+"""The chaos run's fake provider keeps exact books: concurrency from real intervals,
+Retry-After windows, accepted submissions per job, and disconnects it notices."""
+
+import threading
+
+import requests
+
+from tests.fakes.chaos_provider import ChaosProvider
+
+
+def post(fake, key, n, **kwargs):
+    return requests.post(
+        f"{fake.url}/v1/images/generations",
+        json={"model": "gpt-image-1", "prompt": f"chaos-job-{n} a fox"},
+        headers={"Authorization": f"Bearer {key}"},
+        **kwargs,
+    )
+
+
+def settle(fake, key, entries):
+    """The fake writes its ledger line just after the answer leaves: wait for it."""
+    import time
+
+    deadline = time.monotonic() + 5
+    while len(fake.entries(key, "create")) < entries and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_it_measures_concurrency_from_exact_intervals():
+    fake = ChaosProvider(seed=1).start()
+    try:
+        fake.configure("k", family="openai", latency=(0.3, 0.3))
+        threads = [threading.Thread(target=post, args=(fake, "k", n)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        post(fake, "k", 9)  # after the others: no overlap
+        settle(fake, "k", 4)
+        assert fake.peak_inflight("k") == 3
+        assert fake.submissions_per_job("k") == {"0": 1, "1": 1, "2": 1, "9": 1}
+    finally:
+        fake.stop()
+
+
+def test_it_counts_creates_inside_a_retry_after_window():
+    fake = ChaosProvider(seed=1).start()
+    try:
+        record = fake.configure("k", family="openai", latency=(0, 0), create_faults={"429": 1.0}, retry_after=5)
+        first = post(fake, "k", 1)
+        assert first.status_code == 429 and first.headers["Retry-After"] == "5"
+        record.create_faults = {}
+        post(fake, "k", 2)  # at once: inside the window
+        settle(fake, "k", 2)
+        assert len(fake.retry_after_violations("k")) == 1
+        assert fake.submissions_per_job("k") == {"2": 1}
+    finally:
+        fake.stop()
+
+
+def test_a_client_that_gives_up_ends_the_interval_and_async_orphans_are_counted():
+    fake = ChaosProvider(seed=1).start()
+    try:
+        fake.configure("s", family="openai", latency=(3, 3))
+        try:
+            post(fake, "s", 1, timeout=0.3)
+        except requests.Timeout:
+            pass
+        fake.configure("a", family="replicate", latency=(5, 5))
+        created = requests.post(
+            f"{fake.url}/v1/predictions",
+            json={"version": "m", "input": {"prompt": "chaos-job-4 x"}},
+            headers={"Authorization": "Bearer a"},
+        )
+        assert created.status_code == 201 and created.json()["status"] in ("starting", "processing")
+        import time
+
+        time.sleep(0.3)
+        [(start, end)] = fake.intervals("s")
+        assert end - start < 1.5  # the fake noticed the client leave, well before 3 s
+        assert fake.orphans("a") == 1  # created, never polled
+        requests.get(f"{fake.url}/v1/predictions/{created.json()['id']}", headers={"Authorization": "Bearer a"})
+        assert fake.orphans("a") == 0 and len(fake.intervals("a")) == 1
+    finally:
+        fake.stop()

@@ -1,0 +1,202 @@
+"""Live events over the project WebSocket (Channels WebsocketCommunicator): who may
+subscribe, isolation between projects, replay after a reconnect, the gap-free stream,
+the relay of rows written by other processes, and progress ticks."""
+
+import copy
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import connection, transaction
+from django.test import Client
+
+from queue_app import events, relay
+from queue_app.models import Job, ProjectEvent, Status
+from remixstudio.asgi import application
+from tests.conftest import make_drafts, make_project, make_provider
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_layer(settings, monkeypatch):
+    # A fresh layer per test (each test has its own event loop); the background relay
+    # is off so a test drives relay_once() itself.
+    settings.CHANNEL_LAYERS = copy.deepcopy(settings.CHANNEL_LAYERS)
+    # The consumers' database calls run in executor threads; without persistent
+    # connections they close theirs, and the test database can be dropped at the end.
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+    settings.LIVE_RELAY_SECONDS = 0
+    relay.reset()
+    yield
+    relay.reset()
+
+
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+async def socket(user, project_id, query="", origin="http://testserver"):
+    headers = [(b"origin", origin.encode())]
+    if user is not None:
+        cookie = await sync_to_async(session_cookie)(user)
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    path = f"/ws/projects/{project_id}/" + (f"?{query}" if query else "")
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, code = await communicator.connect()
+    return communicator, connected, code
+
+
+def emit_events(project_id, n, *, broadcast=True):
+    """n job events on a project, as a transition would write them. Without `broadcast`
+    it is what a worker process's commit looks like from daphne in the embedded mode:
+    the rows exist, the in-memory broadcast never arrives here."""
+    real = events.broadcast
+    if not broadcast:
+        events.broadcast = lambda rows: None
+    try:
+        with transaction.atomic():
+            job = Job.objects.filter(project_id=project_id).first()
+            rows = events.emit_many(project_id, [("job.started", job.id, Status.PENDING, {})] * n)
+    finally:
+        events.broadcast = real
+    return [row.seq for row in rows]
+
+
+async def emit(project_id, n=1, *, broadcast=True):
+    return await sync_to_async(emit_events)(project_id, n, broadcast=broadcast)
+
+
+async def events_received(communicator, n) -> list[dict]:
+    return [await communicator.receive_json_from(timeout=5) for _ in range(n)]
+
+
+@pytest.fixture
+def projects(owner):
+    provider = make_provider(owner)
+    a, b = make_project(owner, provider, name="A"), make_project(owner, provider, name="B")
+    make_drafts(a, 1)
+    make_drafts(b, 1)
+    return a, b
+
+
+async def test_the_owner_subscribes_and_receives_events_with_sequence_numbers(owner, projects):
+    a, _ = projects
+    communicator, connected, _ = await socket(owner, a.id)
+    assert connected
+    hello = await communicator.receive_json_from()
+    assert hello == {"type": "hello", "project": a.id, "seq": 0}
+    await emit(a.id, 2)
+    first, second = await events_received(communicator, 2)
+    assert (first["type"], first["project"], first["seq"], first["status"]) == ("event", a.id, 1, "pending")
+    assert second["seq"] == 2 and first["job"]
+    await communicator.disconnect()
+
+
+async def test_an_outsider_is_refused_and_receives_nothing(owner, outsider, projects):
+    a, _ = projects
+    for user in (outsider, None):
+        communicator, connected, code = await socket(user, a.id)
+        assert not connected and code == 4403
+        await emit(a.id)
+        assert await communicator.receive_nothing(timeout=0.3)
+    layer = get_channel_layer()
+    if hasattr(layer, "groups"):  # in-memory layer: nobody joined the group
+        assert not layer.groups.get(events.group_name(a.id))
+
+
+async def test_a_foreign_origin_is_refused(owner, projects):
+    a, _ = projects
+    _, connected, _ = await socket(owner, a.id, origin="https://evil.example")
+    assert not connected
+
+
+async def test_staff_may_subscribe_to_any_project(staff, projects):
+    communicator, connected, _ = await socket(staff, projects[0].id)
+    assert connected
+    await communicator.disconnect()
+
+
+async def test_an_event_for_project_a_never_reaches_a_socket_of_project_b(owner, projects):
+    a, b = projects
+    on_a, _, _ = await socket(owner, a.id)
+    on_b, _, _ = await socket(owner, b.id)
+    await on_a.receive_json_from()
+    await on_b.receive_json_from()
+    await emit(a.id, 3)
+    assert [e["project"] for e in await events_received(on_a, 3)] == [a.id] * 3
+    assert await on_b.receive_nothing(timeout=0.5)
+    await on_a.disconnect()
+    await on_b.disconnect()
+
+
+async def test_a_reconnecting_client_gets_what_it_missed(owner, projects):
+    a, _ = projects
+    communicator, _, _ = await socket(owner, a.id)
+    await communicator.receive_json_from()
+    await emit(a.id, 3)
+    seen = [e["seq"] for e in await events_received(communicator, 3)]
+    await communicator.disconnect()
+    await emit(a.id, 2)  # missed while away
+    communicator, _, _ = await socket(owner, a.id, query=f"after={seen[-1]}")
+    assert (await communicator.receive_json_from())["seq"] == 5
+    assert [e["seq"] for e in await events_received(communicator, 2)] == [4, 5]
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()
+
+
+async def test_a_client_too_far_behind_is_told_to_resync(owner, projects):
+    a, _ = projects
+    await emit(a.id, 4)
+    await sync_to_async(lambda: ProjectEvent.objects.filter(project=a, seq__lte=2).delete())()  # pruned
+    communicator, _, _ = await socket(owner, a.id, query="after=1")
+    await communicator.receive_json_from()
+    assert await communicator.receive_json_from() == {"type": "resync", "project": a.id, "seq": 4}
+    await communicator.disconnect()
+
+
+async def test_the_stream_is_gap_free_and_without_duplicates(owner, projects):
+    a, _ = projects
+    communicator, _, _ = await socket(owner, a.id)
+    await communicator.receive_json_from()
+    await emit(a.id, 3, broadcast=False)  # three rows, their messages lost
+    rows = await sync_to_async(lambda: [events.as_message(r) for r in ProjectEvent.objects.filter(project=a)])()
+    layer = get_channel_layer()
+    await layer.group_send(events.group_name(a.id), {"type": "project.event", "event": rows[2]})
+    assert [e["seq"] for e in await events_received(communicator, 3)] == [1, 2, 3]  # the gap is read from the rows
+    await layer.group_send(events.group_name(a.id), {"type": "project.event", "event": rows[1]})
+    assert await communicator.receive_nothing(timeout=0.3)  # a late duplicate is dropped
+    await communicator.disconnect()
+
+
+async def test_the_relay_delivers_rows_written_by_other_processes(owner, projects):
+    a, b = projects
+    communicator, _, _ = await socket(owner, a.id)
+    await communicator.receive_json_from()
+    await emit(a.id, 2, broadcast=False)
+    await emit(b.id, 1, broadcast=False)  # nobody subscribes to B: not relayed, not queried
+    assert await communicator.receive_nothing(timeout=0.2)
+    assert await relay.relay_once() == 1
+    assert [e["seq"] for e in await events_received(communicator, 2)] == [1, 2]
+    assert await relay.relay_once() == 0  # nothing new
+    await communicator.disconnect()
+    assert await relay.relay_once() == 0
+
+
+async def test_progress_ticks_are_broadcast_and_written_at_most_once_a_second(owner, projects):
+    a, _ = projects
+    job = await sync_to_async(lambda: Job.objects.get(project=a))()
+    await sync_to_async(lambda: Job.objects.filter(id=job.id).update(status=Status.PROCESSING))()
+    communicator, _, _ = await socket(owner, a.id)
+    await communicator.receive_json_from()
+    await sync_to_async(events.progress)(a.id, job.id, 0.25)
+    await sync_to_async(events.progress)(a.id, job.id, 0.5)
+    ticks = await events_received(communicator, 2)
+    assert [t["progress"] for t in ticks] == [0.25, 0.5] and ticks[0]["type"] == "progress"
+    stored = await sync_to_async(lambda: Job.objects.values_list("progress", flat=True).get(id=job.id))()
+    assert stored == 0.25  # the second tick, within a second, was not written
+    assert await sync_to_async(lambda: ProjectEvent.objects.filter(kind="job.progress").count())() == 0
+    await communicator.disconnect()

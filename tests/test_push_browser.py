@@ -1,0 +1,138 @@
+"""The preferences page in Chromium: it registers the service worker, subscribes this
+browser, and a push reaches the service worker as a notification.
+
+Chromium cannot reach a real push service here (no network), so the page's
+PushManager.subscribe answers with a fake device's subscription on our loopback push
+service; everything else is the browser's own: permission, service worker, page script.
+"""
+
+import json
+import os
+
+import pytest
+from django.db import connections
+
+from queue_app import notifications
+from queue_app.models import PushSubscription
+from tests import procs
+from tests.fakes.push_service import Device, PushService
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+FAKE_PUSH_MANAGER = """
+(() => {
+  const info = %s;
+  let current = null;
+  PushManager.prototype.subscribe = function (options) {
+    window.__subscribeKey = Array.from(new Uint8Array(options.applicationServerKey));
+    current = {
+      endpoint: info.endpoint, expirationTime: null,
+      options: { applicationServerKey: options.applicationServerKey, userVisibleOnly: options.userVisibleOnly },
+      toJSON() { return { endpoint: info.endpoint, expirationTime: null, keys: info.keys }; },
+      unsubscribe() { current = null; return Promise.resolve(true); },
+    };
+    return Promise.resolve(current);
+  };
+  PushManager.prototype.getSubscription = function () { return Promise.resolve(current); };
+})();
+"""
+
+
+@pytest.fixture
+def chromium():
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def web(settings, tmp_path):
+    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]  # the web process may call the loopback push service
+    proc = procs.daphne(tmp_path / "logs", REDIS_URL="")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_the_preferences_page_subscribes_this_browser_with_a_registered_service_worker(chromium, web, owner):
+    base = web.url
+    with PushService() as push_service:
+        device = Device(push_service.endpoint("chromium"))
+        context = chromium.new_context()
+        context.grant_permissions(["notifications"], origin=base)
+        context.add_init_script(FAKE_PUSH_MANAGER % json.dumps(device.subscription_info()))
+        page = context.new_page()
+        page.goto(f"{base}/accounts/login/?next=/account/preferences/")
+        page.fill("input[name=username]", owner.username)
+        page.fill("input[name=password]", "pw-" + owner.username)
+        page.click("main button[type=submit]")
+        page.wait_for_url(f"{base}/account/preferences/")
+        page.wait_for_selector('#push-state[data-state="off"]', timeout=20_000)
+        page.click("#push-on")
+        page.wait_for_selector('#push-state[data-state="on"]', timeout=20_000)
+
+        registration = page.evaluate(
+            """async () => {
+                const reg = await navigator.serviceWorker.getRegistration("/");
+                return reg && { scope: reg.scope, script: reg.active && reg.active.scriptURL };
+            }"""
+        )
+        assert registration == {"scope": f"{base}/", "script": f"{base}/sw.js"}
+        subscription = PushSubscription.objects.get()
+        assert subscription.user == owner and subscription.endpoint == device.endpoint
+        assert "Chrome" in subscription.user_agent
+        public, _ = notifications.vapid_keys()
+        assert bytes(page.evaluate("window.__subscribeKey")) == notifications._b64decode(public)
+
+        # The test button sends through the push service to this browser's subscription.
+        page.click("#push-test")
+        page.wait_for_function("document.getElementById('push-message').textContent.includes('sent')", timeout=20_000)
+        [message] = device.messages(push_service)
+        assert message["title"] == "Remix Studio Queue"
+
+        # A push delivered to the service worker becomes a notification with the project's tag.
+        cdp = context.new_cdp_session(page)
+        registrations = []
+        cdp.on("ServiceWorker.workerRegistrationUpdated", lambda event: registrations.extend(event["registrations"]))
+        cdp.send("ServiceWorker.enable")
+        page.wait_for_timeout(500)
+        [registration_id] = {r["registrationId"] for r in registrations if not r.get("isDeleted")}
+        payload = {"title": "Foxes is done", "body": "All 3 jobs finished.", "url": "/projects/7/", "tag": "project-7"}
+        cdp.send(
+            "ServiceWorker.deliverPushMessage",
+            {"origin": base, "registrationId": registration_id, "data": json.dumps(payload)},
+        )
+        shown = page.wait_for_function(
+            """async () => {
+                const reg = await navigator.serviceWorker.ready;
+                const list = await reg.getNotifications();
+                return list.length && list.map((n) => ({ title: n.title, body: n.body, tag: n.tag, url: n.data.url }));
+            }""",
+            timeout=20_000,
+        ).json_value()
+        assert shown == [{**{k: payload[k] for k in ("title", "body", "tag")}, "url": f"{base}/projects/7/"}]
+
+        # Turning it off removes this browser's row.
+        page.click("#push-off")
+        page.wait_for_selector('#push-state[data-state="off"]', timeout=20_000)
+        assert PushSubscription.objects.count() == 0
+        context.close()
+    # Code under Playwright's sync API runs in its own context, with its own database
+    # connection; close it, or PostgreSQL cannot drop the test database.
+    connections.close_all()
