@@ -2,6 +2,7 @@
 Retry-After windows, accepted submissions per job, and disconnects it notices."""
 
 import threading
+import time
 
 import requests
 
@@ -50,10 +51,13 @@ def test_it_counts_creates_inside_a_retry_after_window():
         first = post(fake, "k", 1)
         assert first.status_code == 429 and first.headers["Retry-After"] == "5"
         record.create_faults = {}
-        post(fake, "k", 2)  # at once: inside the window
-        settle(fake, "k", 2)
-        assert len(fake.retry_after_violations("k")) == 1
-        assert fake.submissions_per_job("k") == {"2": 1}
+        post(fake, "k", 2)  # at once: already on its way when the 429 went out
+        time.sleep(0.4)
+        post(fake, "k", 3)  # later, but still inside the window: a violation
+        settle(fake, "k", 3)
+        assert len(fake.creates_in_flight_at_429("k")) == 1
+        assert [row["job"] for row in fake.retry_after_violations("k")] == ["3"]
+        assert fake.submissions_per_job("k") == {"2": 1, "3": 1}
     finally:
         fake.stop()
 
