@@ -78,7 +78,7 @@ class LeaseKeeper:
             connection.close()
 
 
-def _attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> None:
+def attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> None:
     fields = dict(finished_at=timezone.now(), outcome=outcome, reason=reason[:2000])
     if task_id:
         fields["task_id"] = task_id
@@ -143,7 +143,7 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
         # the Retry-After window. The attempt is refunded like the 429 itself.
-        _attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
+        attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
         transitions.job_requeue(
             job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
         )
@@ -158,19 +158,19 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
         log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return provider.id
 
     if keeper.lost.is_set():
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "lease lost while the provider worked")
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "lease lost while the provider worked")
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
         if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=poll_seconds(provider.family)):
-            _attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, task_id=result.task_id)
+            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, task_id=result.task_id)
         else:
-            _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the task id was stored", result.task_id)
+            attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the task id was stored", result.task_id)
         return None
     return collect_outputs(job, token, provider, attempt, result.outputs)
 
@@ -180,19 +180,19 @@ def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, re
     try:
         count = outputs.write_and_complete(job.id, token, results)
     except outputs.Fenced:
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
         return None
     except outputs.QuotaExceeded as error:
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
         transitions.job_fail(job.id, token, reason=str(error), error_class="local")
         return provider.id
     except Exception as error:
         reason = redact(f"the provider finished but storing the result failed: {error}", (provider.api_key, provider.api_secret))
         log.warning("job %s: %s", job.id, reason)
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return provider.id
-    _attempt_finish(attempt.id, JobAttempt.Outcome.COMPLETED, f"{count} output(s)")
+    attempt_finish(attempt.id, JobAttempt.Outcome.COMPLETED, f"{count} output(s)")
     return provider.id
 
 
@@ -228,20 +228,20 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         # keep the job queued for then.
         Provider.objects.filter(id=provider.id).update(paused=True, paused_reason=reason[:300])
         log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
-        _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
         return None
     if isinstance(error, PermanentError):
-        _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="permanent")
         return provider.id
     if isinstance(error, TransientError) and error.delay:
         cool_down(provider.id, error.delay)
-        _attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
         return None  # the provider is cooling down: nothing to refill now
     outcome = JobAttempt.Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else JobAttempt.Outcome.TRANSIENT
-    _attempt_finish(attempt.id, outcome, reason)
+    attempt_finish(attempt.id, outcome, reason)
     if job.attempts >= provider.max_attempts:
         transitions.job_fail(
             job.id, token, reason=f"gave up after {job.attempts} attempts, last: {reason}", error_class=error.error_class

@@ -48,7 +48,6 @@ class ErrorClass(models.TextChoices):
 class AccountSettings(models.Model):
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="account")
     storage_limit_bytes = models.BigIntegerField(default=settings.DEFAULT_STORAGE_LIMIT_BYTES)
-    notifications_enabled = models.BooleanField(default=False)
 
     class Meta:
         verbose_name_plural = "account settings"

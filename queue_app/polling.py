@@ -303,14 +303,14 @@ def collect(job_id, token) -> None:
         state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
     except Exception as error:
         reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-        execution._attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
+        execution.attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
         _fenced(job.id, token).update(poll_claimed_until=None, next_poll_at=timezone.now())
         return
     if isinstance(state, Finished):
         execution.collect_outputs(job, token, provider, attempt, state.outputs)
     elif isinstance(state, Failed):
-        execution._attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
+        execution.attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
         _apply_failed(job, token, provider, state, record=False)
     else:
-        execution._attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
+        execution.attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
         _fenced(job.id, token).update(poll_claimed_until=None, next_poll_at=timezone.now())

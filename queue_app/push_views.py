@@ -1,9 +1,9 @@
 """Account → Preferences: notifications per browser, and the service worker.
 
 Thin views: parse, call a service in queue_app.notifications, answer. "Notifications on"
-is per device: a PushSubscription row for that browser, and nothing else decides who gets a
-notification (AccountSettings.notifications_enabled is not consulted, so a flag and the rows
-can never disagree).
+is per device: a PushSubscription row for that browser is the user's notification
+preference, and nothing else decides who gets a notification (no account-wide flag that
+could disagree with the rows).
 """
 
 import json

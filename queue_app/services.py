@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from queue_app import dispatch, events, outputs, transitions
-from queue_app.models import IdempotencyKey, Job, Kind, Project, Provider, Status
+from queue_app.models import IdempotencyKey, Job, Project, Provider, Status
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,3 @@ def jobs_start_idempotent(*, user, project: Project, job_ids=None, all_drafts=Fa
         run=lambda: (jobs_start(user=user, project=project, job_ids=job_ids, all_drafts=all_drafts), 200),
     )
     return payload
-
-
-def project_kinds_without_provider() -> tuple:
-    return (Kind.COMFYUI,)

@@ -29,7 +29,9 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "comfyui" / "recorded"
+# A copy of ../shared/comfyui/recorded (real ComfyUI 0.3.64 answers), kept in the repository
+# so the suite does not depend on where the checkout sits.
+RECORDED = Path(__file__).resolve().parent / "comfyui_recorded"
 OUTPUT_NODES = ("SaveImage", "PreviewImage", "SaveVideo", "VHS_VideoCombine", "SaveAnimatedWEBP")
 ERROR_500 = "500 Internal Server Error\n\nServer got itself in trouble"
 
