@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         status |= run("bench.throughput", "--database-url", pg, "--redis-url", rd, *sizes)
     if (ROOT / "bench" / "monitor_speed.py").exists():
         monitor_args = ["--jobs", "5000", "--runs", "5"] if args.quick else []
-        status |= run("bench.monitor_speed", *monitor_args, env={} if has_pg else {"DATABASE_URL": ""})
+        status |= run("bench.monitor_speed", *monitor_args, env={"DATABASE_URL": pg if has_pg else ""})
     scan = ["--pending", "5000", "--processing", "500", "--detached", "300"] if args.quick else []
     if has_pg:
         status |= run("bench.recovery_scan", "--database-url", pg, *scan)

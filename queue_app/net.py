@@ -89,6 +89,10 @@ def validate_base_url(url: str) -> str:
 
 _session = requests.Session()
 _session.trust_env = False
+# The poller checks many tasks of one provider at once from its thread pool: keep enough
+# pooled connections per host that they are reused, not discarded. No automatic retries.
+_session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64, max_retries=0))
+_session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64, max_retries=0))
 
 # Dropped from a request that a redirect sends to another origin (requests does the same
 # for Authorization when it follows redirects itself; we follow them by hand).

@@ -32,7 +32,7 @@ from datetime import timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -152,21 +152,25 @@ def poll_once(*, now=None, families=None, parallelism: int | None = None) -> int
             check_job(job_id, token, now=now)
         return len(claimed)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll") as pool:
-        list(pool.map(lambda item: _check_in_thread(item[0], item[1], now=now), claimed))
+        list(pool.map(lambda item: _check_in_thread(item[0], item[1], now=now, keep_connection=False), claimed))
     return len(claimed)
 
 
-def _check_in_thread(job_id, token, *, now=None):
-    # Each pool thread keeps its own connection between checks (CONN_MAX_AGE), dropping
-    # it only when it is broken or old: a new PostgreSQL connection per check would cost
-    # more than the check.
+def _check_in_thread(job_id, token, *, now=None, keep_connection: bool = True):
+    # The Poller's long-lived threads keep their connection between checks (CONN_MAX_AGE),
+    # dropping it only when it is broken or old: a new PostgreSQL connection per check
+    # would cost more than the check. A one-off pool's threads end with the cycle, so they
+    # close theirs (a dead thread's connection is not closed for it).
     close_old_connections()
     try:
         return check_job(job_id, token, now=now)
     except Exception:
         log.exception("poll of job %s failed", job_id)
     finally:
-        close_old_connections()
+        if keep_connection:
+            close_old_connections()
+        else:
+            connection.close()
 
 
 def _fenced(job_id, token):
