@@ -36,7 +36,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queue_app import backoff, events, execution, failpoints, providers, tasks, transitions
+from queue_app import backoff, dispatch, events, execution, failpoints, providers, tasks, transitions
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 # after it a crashed poller's claim lapses and another cycle takes the job.
 POLL_CLAIM_SECONDS = 120
 # A worker collecting a finished task's outputs (downloads of large videos included).
-COLLECT_CLAIM_SECONDS = 1800
+# How long a finished task waits in the broker for a collector before a poll cycle may
+# look at it again; once a worker collects, its renewed lease holds the job instead.
+COLLECT_CLAIM_SECONDS = settings.CLAIM_TTL_SECONDS
 
 
 def poll_seconds(family: str) -> float:
@@ -70,6 +72,8 @@ def claim_due(
         .exclude(task_id="")
         .exclude(project__kind=Kind.COMFYUI)
         .filter(Q(poll_claimed_until__isnull=True) | Q(poll_claimed_until__lt=now))
+        # a collector at work holds a live lease: leave the job to it
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
     )
     if families:
         due = due.filter(active_provider__family__in=families)
@@ -300,21 +304,27 @@ def collect(job_id, token) -> None:
     job = _ours(job_id, token)
     if job is None:
         return
-    provider = job.active_provider
-    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker="collector", task_id=job.task_id)
-    try:
-        request = resolved_job(job, provider)
-        state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
-    except Exception as error:
-        reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-        execution.attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
-        _fenced(job.id, token).update(poll_claimed_until=None, next_poll_at=timezone.now())
+    # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
+    # and healing hands the job back to the poller (which finds the task finished again).
+    if not transitions.lease_take(job.id, token, owner=dispatch.worker_name()):
         return
-    if isinstance(state, Finished):
-        execution.collect_outputs(job, token, provider, attempt, state.outputs)
-    elif isinstance(state, Failed):
-        execution.attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
-        _apply_failed(job, token, provider, state, record=False)
-    else:
-        execution.attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
-        _fenced(job.id, token).update(poll_claimed_until=None, next_poll_at=timezone.now())
+    provider = job.active_provider
+    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker=dispatch.worker_name(), task_id=job.task_id)
+    back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
+    with execution.LeaseKeeper(job.id, token):
+        try:
+            request = resolved_job(job, provider)
+            state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
+        except Exception as error:
+            reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
+            execution.attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
+            _fenced(job.id, token).update(**back_to_polling)
+            return
+        if isinstance(state, Finished):
+            execution.collect_outputs(job, token, provider, attempt, state.outputs)
+        elif isinstance(state, Failed):
+            execution.attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
+            _apply_failed(job, token, provider, state, record=False)
+        else:
+            execution.attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
+            _fenced(job.id, token).update(**back_to_polling)

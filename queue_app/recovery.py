@@ -83,12 +83,20 @@ def _heal(*, include_dead_owners: bool) -> int:
                 healed += 1
     # A retry that was adopting a kept task id when its worker stopped: the remote task
     # still holds the slot, so it becomes an ordinary detached job, polled at once.
-    healed += (
+    # The same for a collector that stopped while downloading a finished task.
+    adopting = (
         Job.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
         .exclude(task_id="")
         .exclude(project__kind__in=list(runners.RUNNERS))
-        .update(lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None)
     )
+    for rows in _batches(adopting.values_list("id")):
+        ids = [row[0] for row in rows]
+        moved = adopting.filter(id__in=ids).update(
+            lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
+        )
+        if moved:
+            _mark_interrupted(ids)
+            healed += moved
     if include_dead_owners:
         for rows in _batches(stalled.filter(lease_expires_at__gte=now).exclude(lease_owner="")):
             for job_id, owner, attempts, max_attempts, _ in rows:
