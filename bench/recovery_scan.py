@@ -77,14 +77,9 @@ def main(argv=None) -> int:
         var_dir=var,
         extra=dict(LOG_LEVEL="WARNING", OUTBOUND_ALLOWLIST=f"127.0.0.1:{fake.port}", OUTBOUND_ALLOW_HTTP="True"),
     )
-    runner.recreate_database(url)
-    runner.migrate(stack)
-    stack.apply()
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
+    stack.prepare()
     import psutil
+    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import connection, connections
     from django.utils import timezone
@@ -217,7 +212,7 @@ def main(argv=None) -> int:
             break
         checked += done
     elapsed = time.monotonic() - started
-    parallelism = args.poll_parallelism or django.conf.settings.POLL_PARALLELISM
+    parallelism = args.poll_parallelism or settings.POLL_PARALLELISM
     line(
         "detached_poll_cycle",
         f"{elapsed:.2f}",

@@ -1,21 +1,23 @@
 """Child processes for benchmarks and the chaos run, and the database they use.
 
-Like tests/procs.py, but for scripts outside pytest: the environment is built from an
-explicit `Stack` (database URL, Redis URL, cluster name, media root) instead of the test
-database, and a process can be SIGKILLed (a crash: its whole group), SIGTERMed (a
-graceful stop: its main process only, as run_stack does) and restarted.
+The processes are tests/procs.py's `Proc` (SIGKILL = a crash of the whole group,
+SIGTERM = a graceful stop of the main process, restart); what differs for scripts outside
+pytest is the environment, built from an explicit `Stack` (database URL, Redis URL,
+cluster name, media root) instead of the test database.
 """
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.procs import Proc, wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
+
+__all__ = ["Proc", "Stack", "manage", "migrate", "purge_broker", "recreate_database", "wait_for", "with_database"]
 
 
 @dataclass
@@ -50,6 +52,19 @@ class Stack:
         for key in ("TEST_DB_NAME", "FAILPOINTS", "REDIS_URL"):
             os.environ.pop(key, None)
         os.environ.update(self.env())
+
+    def prepare(self) -> None:
+        """A fresh, migrated database and an empty broker, and this process set up on
+        them (django.setup()): what every benchmark and the chaos run start from."""
+        recreate_database(self.database_url)
+        migrate(self)
+        purge_broker(self)
+        self.apply()
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
 
 
 def with_database(url: str, name: str) -> str:
@@ -93,82 +108,5 @@ def purge_broker(stack: Stack) -> None:
     redis.Redis.from_url(stack.redis_url).delete(stack.cluster_name)
 
 
-class Proc:
-    def __init__(self, name: str, args: list[str], env: dict, log_dir: Path):
-        self.name, self.args, self.env, self.log_dir = name, args, env, log_dir
-        self.popen = None
-        self.logs: list[Path] = []
-        self.start()
-
-    def start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / f"{self.name}-{len(self.logs)}.log"
-        self.logs.append(path)
-        self._log = open(path, "w")
-        self.popen = subprocess.Popen(
-            self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def pids(self) -> list[int]:
-        """The main process and all its children (qcluster's workers)."""
-        import psutil
-
-        try:
-            main = psutil.Process(self.popen.pid)
-            return [main.pid] + [child.pid for child in main.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def kill(self) -> None:
-        """A crash: SIGKILL the whole process group."""
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.popen.wait(timeout=30)
-        self._log.close()
-
-    def stop(self, timeout: float = 30) -> int | None:
-        """Graceful: SIGTERM to the main process only; SIGKILL the group after `timeout`."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return self.popen.returncode
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)  # stragglers of the group
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._log.close()
-        return self.popen.returncode
-
-    def restart(self) -> None:
-        if self.alive():
-            self.kill()
-        self.start()
-
-    def log_text(self) -> str:
-        return "".join(path.read_text(errors="replace") for path in self.logs if path.exists())
-
-
 def manage(stack: Stack, name: str, *command: str, log_dir: Path, **env) -> Proc:
     return Proc(name, [sys.executable, str(ROOT / "manage.py"), *command], stack.env(**env), log_dir)
-
-
-def wait_for(predicate, *, timeout: float, interval: float = 0.2, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {message}")

@@ -103,14 +103,7 @@ def main(argv=None) -> int:
         var_dir=var,
         extra=dict(QUEUE_WORKERS=args.workers, LOG_LEVEL="WARNING"),
     )
-    runner.recreate_database(url)
-    runner.migrate(stack)
-    runner.purge_broker(stack)
-    stack.apply()
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
+    stack.prepare()
     import logging
 
     logging.getLogger("django-q").setLevel(logging.WARNING)

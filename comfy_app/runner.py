@@ -42,6 +42,7 @@ from comfy_app import workflow
 from comfy_app.models import ComfyInstance, ComfyRun
 from queue_app import backoff, dispatch, heartbeats, net, outputs, transitions
 from queue_app import tasks as queue_tasks
+from queue_app.attempts import attempt_finish
 from queue_app.execution import LeaseKeeper
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers.base import Output
@@ -153,13 +154,6 @@ def claim(project_id: int) -> list[tuple]:
 # --- submit (worker) --------------------------------------------------------------------
 
 
-def _attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> None:
-    fields = dict(finished_at=timezone.now(), outcome=outcome, reason=reason[:2000])
-    if task_id:
-        fields["task_id"] = task_id
-    JobAttempt.objects.filter(id=attempt_id, outcome=JobAttempt.Outcome.RUNNING).update(**fields)
-
-
 def _fenced(job_id, token):
     return Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
 
@@ -213,18 +207,18 @@ def submit(job_id, token) -> str:
             result = _submit(job, token, run, instance)
     except comfy.Unreachable as error:
         _mark_unreachable(instance.id, error.reason, timezone.now())
-        _attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, error.reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, error.reason)
         _give_back(job.id, token, failures=False)
         return "unreachable"
     except comfy.CheckFailed as error:
         # Possibly accepted (a dropped connection after the body was sent): the stored
         # prompt id is looked up before anything is posted again.
-        _attempt_finish(attempt.id, JobAttempt.Outcome.AMBIGUOUS, error.reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.AMBIGUOUS, error.reason)
         _give_back(job.id, token)
         return "ambiguous"
     except (comfy.ComfyError, workflow.WorkflowError) as error:
         reason = error.reason if isinstance(error, comfy.ComfyError) else str(error)
-        _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False)
         return "rejected"
     except DatabaseError:
@@ -234,14 +228,14 @@ def submit(job_id, token) -> str:
     except Exception as error:  # a bug or an unexpected answer: this job fails, the rest run
         log.exception("job %s: unexpected error while submitting to ComfyUI", job.id)
         reason = f"internal error while submitting to ComfyUI: {type(error).__name__}"
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local", keep_task_id=False)
         return "error"
     prompt_id = Job.objects.filter(id=job.id).values_list("task_id", flat=True).first() or ""
     if result == "fenced":
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the prompt was stored")
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the prompt was stored")
         return result
-    _attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, result, task_id=prompt_id)
+    attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, result, task_id=prompt_id)
     if result == "collect":
         _start_collect(job.id, token, prompt_id)
     else:
@@ -632,24 +626,24 @@ def collect(job_id, token) -> str:
             files = output_files(entry, run.output_order or list(run.graph or {}), include_video=include_video)
             if not files:
                 reason = "ComfyUI finished the prompt but the workflow saved no output files (add a SaveImage node)"
-                _attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+                attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
                 transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False)
                 return "no-output"
             results = []
             for kind, item in files:
                 data, content_type = _download(client, item)
                 results.append(Output(kind=kind, data=data, content_type=content_type or ""))
-            count = outputs.write_and_complete(job.id, token, results)
+            outputs.write_and_complete(job.id, token, results, attempt_id=attempt.id)
     except outputs.Fenced:
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
         return "fenced"
     except OutputGone as error:
         reason = f"the output file {error} is no longer on the ComfyUI instance; retry the job to generate it again"
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local", keep_task_id=False)
         return "gone"
     except outputs.QuotaExceeded as error:
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
         transitions.job_fail(job.id, token, reason=f"{error}. {keep}", error_class="local")
         return "quota"
     except DatabaseError:
@@ -660,11 +654,10 @@ def collect(job_id, token) -> str:
         detail = error.reason if isinstance(error, comfy.ComfyError) else str(error) or type(error).__name__
         reason = f"downloading the result from ComfyUI failed: {detail}. {keep}"
         log.warning("job %s: %s", job.id, reason)
-        _attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return "failed"
     ComfyRun.objects.filter(job_id=job.id).update(phase=Phase.DONE)
-    _attempt_finish(attempt.id, JobAttempt.Outcome.COMPLETED, f"{count} output(s)")
     return "completed"
 
 

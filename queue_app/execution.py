@@ -23,9 +23,9 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import F
 from django.db.models.functions import Greatest, Now
-from django.utils import timezone
 
 from queue_app import backoff, dispatch, failpoints, outputs, providers, transitions
+from queue_app.attempts import attempt_finish
 from queue_app.crypto import redact
 from queue_app.models import Job, JobAttempt, Provider, Status
 from queue_app.providers import adapter_for, poll_seconds
@@ -73,16 +73,12 @@ class LeaseKeeper:
                         self.lost.set()
                         return
                 except DatabaseError:
+                    # Django never reopens a broken connection by itself: close it so the
+                    # next renewal connects afresh, or the lease lapses under a live worker.
                     log.warning("lease renewal of job %s failed", self.job_id, exc_info=True)
+                    connection.close()
         finally:
             connection.close()
-
-
-def attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> None:
-    fields = dict(finished_at=timezone.now(), outcome=outcome, reason=reason[:2000])
-    if task_id:
-        fields["task_id"] = task_id
-    JobAttempt.objects.filter(id=attempt_id, outcome=JobAttempt.Outcome.RUNNING).update(**fields)
 
 
 def run(job_id, token) -> None:
@@ -178,7 +174,7 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
 def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, results: list) -> int | None:
     """Write finished outputs and complete the job; a local failure keeps the task id."""
     try:
-        count = outputs.write_and_complete(job.id, token, results)
+        outputs.write_and_complete(job.id, token, results, attempt_id=attempt.id)
     except outputs.Fenced:
         attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
         return None
@@ -192,7 +188,6 @@ def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, re
         attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return provider.id
-    attempt_finish(attempt.id, JobAttempt.Outcome.COMPLETED, f"{count} output(s)")
     return provider.id
 
 
@@ -221,13 +216,19 @@ def cool_down(provider_id: int, seconds: float) -> None:
     )
 
 
+def pause_for_account(provider: Provider, reason: str) -> None:
+    """A rejected key, no credit: pause the provider with the reason a person must act on.
+    Dispatch stops; detached tasks already paid for are still polled."""
+    Provider.objects.filter(id=provider.id).update(paused=True, paused_reason=reason[:300])
+    log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
+
+
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:
     reason = error.reason
     if isinstance(error, AccountError):
         # Not this job's fault: pause the provider until a person fixes the account, and
         # keep the job queued for then.
-        Provider.objects.filter(id=provider.id).update(paused=True, paused_reason=reason[:300])
-        log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
+        pause_for_account(provider, reason)
         attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
         return None

@@ -8,9 +8,9 @@
 - never retries on its own (a POST to a paid API must not be sent twice by a library);
 - credentials (Authorization, API-key headers, cookies) are not carried across a redirect
   to another origin.
-
-Known gap: the host is resolved once for the check and again by the connection, so a
-name that changes its answer in between (DNS rebinding) is not caught here.
+- the address a connection actually reached is checked again once the socket is open,
+  before a byte is sent: a name that answers the check with a public address and the
+  connection with a private one (DNS rebinding) is refused there.
 """
 
 import ipaddress
@@ -18,6 +18,7 @@ import socket
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3
 from django.conf import settings
 
 CONNECT_TIMEOUT = 10
@@ -87,12 +88,50 @@ def validate_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def _check_peer(host: str, port: int | None, sock) -> None:
+    """The address a new connection reached must be public as well (or its host allowed)."""
+    if _allowlisted((host or "").lower(), port):
+        return
+    address = sock.getpeername()[0]
+    if not _public(address):
+        sock.close()
+        raise UnsafeURL(f"{host!r} connected to a non-public address ({address})")
+
+
+class _GuardedHTTPConnection(urllib3.connection.HTTPConnection):
+    def _new_conn(self):
+        sock = super()._new_conn()
+        _check_peer(self.host, self.port, sock)
+        return sock
+
+
+class _GuardedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    def _new_conn(self):  # before the TLS handshake
+        sock = super()._new_conn()
+        _check_peer(self.host, self.port, sock)
+        return sock
+
+
+class _GuardedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _GuardedHTTPConnection
+
+
+class _GuardedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
+
+
+class _GuardedAdapter(requests.adapters.HTTPAdapter):
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _GuardedHTTPPool, "https": _GuardedHTTPSPool}
+
+
 _session = requests.Session()
 _session.trust_env = False
 # The poller checks many tasks of one provider at once from its thread pool: keep enough
 # pooled connections per host that they are reused, not discarded. No automatic retries.
-_session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=64, max_retries=0))
-_session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=64, max_retries=0))
+_session.mount("https://", _GuardedAdapter(pool_maxsize=64, max_retries=0))
+_session.mount("http://", _GuardedAdapter(pool_maxsize=64, max_retries=0))
 
 # Dropped from a request that a redirect sends to another origin (requests does the same
 # for Authorization when it follows redirects itself; we follow them by hand).

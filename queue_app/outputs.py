@@ -24,7 +24,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from queue_app import failpoints, net, transitions
-from queue_app.models import AccountSettings, AlbumItem, Job, Status
+from queue_app.attempts import attempt_finish
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
 from queue_app.providers.base import Output
 
 log = logging.getLogger(__name__)
@@ -161,9 +162,11 @@ def _discard(prepared: list[Prepared]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def write_and_complete(job_id, token, outputs: list[Output]) -> int:
-    """Store the outputs as album items and complete the job, fenced by `token`.
-    Returns the number of items written. Raises Fenced, QuotaExceeded or a download error."""
+def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None) -> int:
+    """Store the outputs as album items and complete the job, fenced by `token`, and mark
+    the attempt `attempt_id` completed in the same transaction (a kill right after the
+    commit cannot leave it "running"). Returns the number of items written.
+    Raises Fenced, QuotaExceeded or a download error."""
     job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).first()
     if job is None:
         raise Fenced(job_id)
@@ -174,14 +177,14 @@ def write_and_complete(job_id, token, outputs: list[Output]) -> int:
         for index, output in enumerate(outputs):
             prepared.append(prepare(job, index, output))
         failpoints.hit("after_download_before_album")
-        _commit(job, token, prepared)
+        _commit(job, token, prepared, attempt_id)
     except BaseException:
         _discard(prepared)
         raise
     return len(prepared)
 
 
-def _commit(job: Job, token, prepared: list[Prepared]) -> None:
+def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
     media = Path(settings.MEDIA_ROOT)
     replaced_files = []
     with transaction.atomic():
@@ -257,6 +260,8 @@ def _commit(job: Job, token, prepared: list[Prepared]) -> None:
         failpoints.hit("after_album_before_complete")
         if not transitions.job_complete(job.id, token):
             raise Fenced(job.id)
+        if attempt_id is not None:
+            attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
         transaction.on_commit(lambda: _remove_files(replaced_files))
 
 

@@ -20,7 +20,9 @@ A finished task is handed to a worker (`collect`), which re-reads the task for f
 (signed, expiring) URLs and writes it through the output writer, the same one as the
 synchronous path; completion frees the slot and wakes dispatch. Poll errors (network,
 5xx, bad JSON) never fail a job; the processing timeout does (JOB_PROCESSING_TIMEOUT_MS,
-counted from `task_observed_at`, which the recovery scan restarts).
+counted from `task_observed_at`, which the recovery scan restarts). Two exceptions: a
+rejected key pauses the provider (the task keeps being checked), and a provider that
+refuses POLL_REFUSALS_TO_FAIL checks in a row fails the job with its reason.
 """
 
 import logging
@@ -37,10 +39,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from queue_app import backoff, dispatch, events, execution, failpoints, providers, tasks, transitions
+from queue_app.attempts import attempt_finish
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
-from queue_app.providers.base import Failed, Finished, ProviderError, Running
+from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
 from queue_app.snapshot import resolved_job
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,10 @@ POLL_CLAIM_SECONDS = 120
 # How long a finished task waits in the broker for a collector before a poll cycle may
 # look at it again; once a worker collects, its renewed lease holds the job instead.
 COLLECT_CLAIM_SECONDS = settings.CLAIM_TTL_SECONDS
+# Failed checks in a row, the last one a refusal (a 4xx other than "unknown task", which
+# adapters report as a dead task at once), after which the job fails: one refusal may be
+# a provider's hiccup, a run of them will not end before the processing timeout.
+POLL_REFUSALS_TO_FAIL = 3
 
 
 def poll_seconds(family: str) -> float:
@@ -235,8 +242,14 @@ def check_job(job_id, token, *, now=None) -> str:
     try:
         request = resolved_job(job, provider)
         state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
-    except Exception as error:  # network, 5xx, bad JSON: never a job failure
+    except Exception as error:
         reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
+        if isinstance(error, AccountError):
+            # The key or the credit, not the task: the owner must act. The task is paid
+            # for, so it keeps being checked (a fixed key collects it).
+            execution.pause_for_account(provider, reason)
+        elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
+            return _give_up_checking(job, token, reason)
         log.info("poll of job %s failed (%s); will poll again", job.id, reason)
         _release_claim(job.id, token, family=provider.family, now=now, poll_failures=F("poll_failures") + 1)
         return "error"
@@ -266,6 +279,18 @@ def check_job(job_id, token, *, now=None) -> str:
     if isinstance(state, Failed):
         return _apply_failed(job, token, provider, state)
     return "unknown"
+
+
+def _give_up_checking(job, token, reason: str) -> str:
+    """The provider keeps refusing to report on the task (400/403/422, not a hiccup): fail
+    the job readably instead of polling until the processing timeout. The task id goes:
+    nothing can be learnt about it, so a retry submits anew."""
+    reason = f"the provider refused {POLL_REFUSALS_TO_FAIL} status checks in a row for task {job.task_id[:40]}: {reason}"
+    with transaction.atomic():
+        if not transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False):
+            return "skipped"
+        _record(job, outcome=JobAttempt.Outcome.PERMANENT, reason=reason)
+    return "failed"
 
 
 def _apply_failed(job, token, provider, state: Failed, *, record: bool = True) -> str:
@@ -317,14 +342,14 @@ def collect(job_id, token) -> None:
             state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
         except Exception as error:
             reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-            execution.attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
+            attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
             _fenced(job.id, token).update(**back_to_polling)
             return
         if isinstance(state, Finished):
             execution.collect_outputs(job, token, provider, attempt, state.outputs)
         elif isinstance(state, Failed):
-            execution.attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
+            attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
             _apply_failed(job, token, provider, state, record=False)
         else:
-            execution.attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
+            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
             _fenced(job.id, token).update(**back_to_polling)

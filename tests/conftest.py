@@ -28,6 +28,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs Redis (set REDIS_URL)"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_lingering_connections(django_db_setup, django_db_blocker):
+    """Before the test database is dropped: connections kept by threads of finished tests
+    (the poller's threads keep theirs on purpose) are freed, so PostgreSQL does not refuse
+    the drop with "database is being accessed by other users"."""
+    yield
+    import gc
+
+    gc.collect()  # a finished thread's connection closes when its wrapper is collected
+    if not is_postgres():
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _isolated_files(tmp_path, settings):
     settings.MEDIA_ROOT = tmp_path / "media"

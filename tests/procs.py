@@ -2,7 +2,9 @@
 
 Use with `@pytest.mark.django_db(transaction=True)` so the children see committed rows.
 Each child runs in its own session; `stop()` sends SIGTERM to its main process only (as
-`run_stack` does) and `kill()` SIGKILLs its whole process group (a crash).
+`run_stack` does) and `kill()` SIGKILLs its whole process group (a crash). The benchmarks
+and the chaos run (bench/runner.py) use the same `Proc` and `wait_for` with their own
+environment.
 """
 
 import os
@@ -47,42 +49,76 @@ def child_env(**extra) -> dict:
 
 
 class Proc:
+    """One child process in its own session, logging to `log_dir`. A restart starts it
+    again with a new log file; `log()` reads them all."""
+
     def __init__(self, name: str, args: list[str], env: dict, log_dir: Path):
-        self.name = name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "w")
-        self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.name, self.args, self.env, self.log_dir = name, args, env, log_dir
+        self.popen = None
+        self.logs: list[Path] = []
+        self.start()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"{self.name}-{time.monotonic_ns()}.log"
+        self.logs.append(path)
+        self._log = open(path, "w")
+        self.popen = subprocess.Popen(
+            self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.popen is not None and self.popen.poll() is None
+
+    def pids(self) -> list[int]:
+        """The main process and all its children (qcluster's workers)."""
+        import psutil
+
+        try:
+            main = psutil.Process(self.popen.pid)
+            return [main.pid] + [child.pid for child in main.children(recursive=True)]
+        except psutil.Error:
+            return []
 
     def stop(self, timeout: float = 30) -> int | None:
-        """SIGTERM to the main process only (graceful), SIGKILL the group after `timeout`."""
+        """Graceful: SIGTERM to the main process only (as run_stack does), SIGKILL the
+        group after `timeout`; stragglers of the group are killed either way."""
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+                return self.popen.returncode
+        self._kill_group()
         self._log.close()
         return self.popen.returncode
 
     def kill(self) -> None:
         """A crash: SIGKILL the whole process group, no chance to clean up."""
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self._kill_group()
         self.popen.wait(timeout=30)
+        self._log.close()
+
+    def restart(self) -> None:
+        if self.alive():
+            self.kill()
+        self.start()
 
     def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        if not self._log.closed:
+            self._log.flush()
+        return "".join(path.read_text(errors="replace") for path in self.logs if path.exists())
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def manage(name: str, *command: str, log_dir: Path, **env) -> Proc:

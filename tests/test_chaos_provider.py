@@ -57,6 +57,14 @@ def test_it_counts_creates_inside_a_retry_after_window():
         settle(fake, "k", 3)
         assert len(fake.creates_in_flight_at_429("k")) == 1
         assert [row["job"] for row in fake.retry_after_violations("k")] == ["3"]
+
+        # Had the client recorded the 429 only half a second later, create 3 was already
+        # past its check: in flight, not a violation.
+        def recorded_late(row):
+            return row["end"] + 0.5
+
+        assert fake.retry_after_violations("k", known=recorded_late) == []
+        assert sorted(row["job"] for row in fake.creates_in_flight_at_429("k", known=recorded_late)) == ["2", "3"]
         assert fake.submissions_per_job("k") == {"2": 1, "3": 1}
     finally:
         fake.stop()
@@ -85,5 +93,27 @@ def test_a_client_that_gives_up_ends_the_interval_and_async_orphans_are_counted(
         assert fake.orphans("a") == 1  # created, never polled
         requests.get(f"{fake.url}/v1/predictions/{created.json()['id']}", headers={"Authorization": "Bearer a"})
         assert fake.orphans("a") == 0 and len(fake.intervals("a")) == 1
+    finally:
+        fake.stop()
+
+
+def test_a_task_failure_carried_by_the_create_answer_entitles_a_resubmission():
+    """With `Prefer: wait` the create's own answer can say `failed`; no poll ever sees it,
+    and the client is still right to submit again."""
+    fake = ChaosProvider(seed=1).start()
+    try:
+        fake.configure("w", family="replicate", latency=(0.1, 0.1), task_fail_rate=1.0)
+        fake.configure("ok", family="replicate", latency=(0.1, 0.1))
+        answers = [
+            requests.post(
+                f"{fake.url}/v1/predictions",
+                json={"version": "m", "input": {"prompt": f"chaos-job-{n} x"}},
+                headers={"Authorization": f"Bearer {key}", "Prefer": "wait=5"},
+            ).json()
+            for n, key in ((4, "w"), (5, "ok"))
+        ]
+        settle(fake, "ok", 1)
+        assert [answer["status"] for answer in answers] == ["failed", "succeeded"]
+        assert fake.resubmission_causes() == {"4": 1}
     finally:
         fake.stop()

@@ -1,5 +1,7 @@
 """The queue engine in one process: start, dispatch, execute, fail, retry, clear."""
 
+import uuid
+
 import pytest
 from django.utils import timezone
 
@@ -305,3 +307,28 @@ def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_
     assert demo.calls(provider.id) == []
     assert statuses(jobs) == [Status.PENDING] * 2
     assert all(job.attempts == 0 for job in Job.objects.filter(id__in=[j.id for j in jobs]))
+
+
+def test_the_attempt_is_completed_in_the_same_commit_as_the_job(owner, project, inline_tasks):
+    """A worker killed right after the output commit must not leave its attempt "running";
+    a fenced write (the job was taken) records nothing."""
+    from queue_app import outputs
+    from queue_app.providers.base import Output
+
+    first, second = make_drafts(project, 2)
+    project.provider.concurrency = 2
+    project.provider.save()
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    tokens = {str(job_id): token for job_id, token in inline_tasks.executions()}
+    image = Output(kind="text", text="done")
+
+    attempt = JobAttempt.objects.create(job=first, number=1, worker="test:1")
+    assert outputs.write_and_complete(first.id, tokens[str(first.id)], [image], attempt_id=attempt.id) == 1
+    attempt.refresh_from_db()
+    assert (attempt.outcome, attempt.reason) == ("completed", "1 output(s)") and attempt.finished_at is not None
+
+    stale = JobAttempt.objects.create(job=second, number=1, worker="test:1")
+    with pytest.raises(outputs.Fenced):
+        outputs.write_and_complete(second.id, uuid.uuid4(), [image], attempt_id=stale.id)
+    stale.refresh_from_db()
+    assert stale.outcome == "running" and status_of(second) == Status.PROCESSING

@@ -123,3 +123,25 @@ def test_a_connection_failure_is_a_requests_error_not_a_hang(settings):
     settings.OUTBOUND_ALLOWLIST = ["127.0.0.1:9"]
     with pytest.raises(requests.ConnectionError):
         net.request("GET", "http://127.0.0.1:9/", timeout=(2, 2))
+
+
+def test_a_name_that_rebinds_to_loopback_after_the_check_is_refused_at_the_connection(monkeypatch, settings):
+    """DNS rebinding: the check resolves the name to a public address, the connection's
+    own lookup gets loopback. The socket's real peer is checked before a byte is sent."""
+    import socket
+
+    settings.OUTBOUND_ALLOW_HTTP = True
+    real_getaddrinfo = socket.getaddrinfo
+
+    def rebinding(host, *args, **kwargs):
+        return real_getaddrinfo("127.0.0.1" if host == "rebind.example" else host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    with FakeAsyncProvider() as fake:
+        url = f"http://rebind.example:{fake.port}/files/1/0.png"
+        net.check_url(url)  # the check alone is fooled: the fake resolver says public
+        with pytest.raises(net.UnsafeURL, match="non-public address"):
+            net.request("GET", url)
+        assert fake.hits["download"] == 0
+        settings.OUTBOUND_ALLOWLIST = ["rebind.example"]  # an allowed name may be private
+        assert net.request("GET", url).content.startswith(b"\x89PNG")

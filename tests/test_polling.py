@@ -23,7 +23,7 @@ from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.fakes.dns import use_fake_dns
-from tests.fakes.provider_shapes import civitai_workflow, rh_result, rh_task
+from tests.fakes.provider_shapes import civitai_workflow, replicate_prediction, rh_result, rh_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -296,6 +296,49 @@ def test_a_remote_404_for_a_known_task_is_a_dead_task(owner, inline_tasks):
 
 
 @responses.activate
+def test_a_rejected_key_while_polling_pauses_the_provider_and_keeps_the_task(owner, inline_tasks):
+    job = detached(owner, "replicate", task_id="p401", model="black-forest-labs/flux-schnell")
+    url = "https://api.replicate.com/v1/predictions/p401"
+    responses.add(responses.GET, url, status=401, json={"title": "Unauthenticated", "detail": "Invalid token."})
+    assert polling.poll_once(now=timezone.now()) == 1
+    job.refresh_from_db()
+    provider = job.active_provider
+    provider.refresh_from_db()
+    assert provider.paused and "rejected the API key" in provider.paused_reason
+    assert job.status == Status.PROCESSING and job.task_id == "p401" and job.poll_failures == 1
+    # The owner fixes the key: the paid-for task is still collected.
+    responses.replace(
+        responses.GET,
+        url,
+        json=replicate_prediction("succeeded", output=["https://replicate.delivery/x.png"], prediction_id="p401"),
+    )
+    responses.add(responses.GET, "https://replicate.delivery/x.png", body=png(), content_type="image/png")
+    assert polling.poll_once(now=timezone.now() + timedelta(seconds=31)) == 1
+    inline_tasks.run()
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and AlbumItem.objects.filter(job=job).count() == 1
+
+
+@responses.activate
+def test_a_provider_that_keeps_refusing_checks_fails_the_job_after_three(owner, inline_tasks):
+    job = detached(owner, "replicate", task_id="p403", model="black-forest-labs/flux-schnell")
+    responses.add(
+        responses.GET, "https://api.replicate.com/v1/predictions/p403", status=403, json={"detail": "You do not have access."}
+    )
+    now = timezone.now()
+    for n in range(1, polling.POLL_REFUSALS_TO_FAIL + 1):
+        assert polling.poll_once(now=now) == 1
+        now += timedelta(seconds=31)
+        job.refresh_from_db()
+        if n < polling.POLL_REFUSALS_TO_FAIL:
+            assert job.status == Status.PROCESSING and job.poll_failures == n
+    assert job.status == Status.FAILED and job.error_class == "permanent" and job.task_id == ""
+    assert job.error.startswith("the provider refused 3 status checks in a row for task p403") and "403" in job.error
+    assert job.slot is None
+    assert JobAttempt.objects.get(job=job).outcome == "permanent"
+
+
+@responses.activate
 def test_an_output_url_that_redirects_to_a_private_address_fails_the_job_readably(owner, inline_tasks):
     job = detached(owner, "replicate", task_id="p1", model="black-forest-labs/flux-schnell")
     out = "https://replicate.delivery/xezq/p1/out.png"
@@ -388,7 +431,8 @@ def test_an_async_provider_runs_end_to_end_through_real_workers(owner, tmp_path,
         project = make_project(owner, provider, model="workflow-layers")
         jobs = make_drafts(project, 3, params={"workflow_id": "1987", "prompt_node": {"nodeId": "6", "fieldName": "text"}})
         logs = tmp_path / "logs"
-        running = [procs.qcluster(logs, workers=2), procs.queue_service(logs, DETACHED_POLL_SECONDS=1)]
+        # Both sides read the poll cycle: the worker that detaches sets the first check.
+        running = [procs.qcluster(logs, workers=2, DETACHED_POLL_SECONDS=1), procs.queue_service(logs, DETACHED_POLL_SECONDS=1)]
         try:
             services.jobs_start(user=owner, project=project, all_drafts=True)
             procs.wait_for(

@@ -7,7 +7,16 @@ import requests
 import responses
 
 from queue_app.providers import civitai, poll_seconds
-from queue_app.providers.base import AmbiguousError, Failed, Finished, PermanentError, Running, Submitted, TransientError
+from queue_app.providers.base import (
+    AccountError,
+    AmbiguousError,
+    Failed,
+    Finished,
+    PermanentError,
+    Running,
+    Submitted,
+    TransientError,
+)
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import civitai_workflow, resolved
 
@@ -114,9 +123,9 @@ def test_succeeded_with_nothing_available_yet_keeps_polling_and_with_nothing_at_
             {},
             PermanentError,
         ),
-        (401, {"title": "Unauthorized", "status": 401}, {}, PermanentError),
+        (401, {"title": "Unauthorized", "status": 401}, {}, AccountError),
         (403, {"title": "Forbidden", "status": 403}, {}, PermanentError),
-        (402, {"title": "Payment required", "detail": "Insufficient Buzz"}, {}, PermanentError),
+        (402, {"title": "Payment required", "detail": "Insufficient Buzz"}, {}, AccountError),
         (429, {"title": "Too many requests"}, {"Retry-After": "9"}, TransientError),
         (500, {"title": "boom"}, {}, TransientError),
     ],
@@ -126,6 +135,7 @@ def test_problem_details_errors_map_to_their_class(status, body, headers, error)
     responses.add(responses.POST, SUBMIT, json=body, status=status, headers=headers)
     with pytest.raises(error) as caught:
         civitai.submit(job())
+    assert type(caught.value) is error  # the exact class: an account problem pauses, a permanent one fails
     if status == 429:
         assert caught.value.delay == 9
     if status == 400:

@@ -7,7 +7,16 @@ import requests
 import responses
 
 from queue_app.providers import replicate
-from queue_app.providers.base import AmbiguousError, Failed, Finished, PermanentError, Running, Submitted, TransientError
+from queue_app.providers.base import (
+    AccountError,
+    AmbiguousError,
+    Failed,
+    Finished,
+    PermanentError,
+    Running,
+    Submitted,
+    TransientError,
+)
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import replicate_prediction, resolved
 
@@ -116,8 +125,8 @@ def test_a_create_finished_in_sync_mode_returns_outputs():
     [
         (422, {"title": "Invalid version or not permitted", "detail": "does not exist", "status": 422}, {}, PermanentError, None),
         (422, {"title": "Input validation failed", "detail": "- input: prompt is required\n"}, {}, PermanentError, None),
-        (401, {"title": "Unauthenticated", "detail": "no token"}, {}, PermanentError, None),
-        (402, {"title": "Payment required", "detail": "add credit"}, {}, PermanentError, None),
+        (401, {"title": "Unauthenticated", "detail": "no token"}, {}, AccountError, None),
+        (402, {"title": "Payment required", "detail": "add credit"}, {}, AccountError, None),
         (429, {"detail": "Request was throttled. Your rate limit resets in ~30s."}, {}, TransientError, 30),
         (429, {"detail": "throttled"}, {"Retry-After": "4"}, TransientError, 4),
         (503, {"detail": "unavailable"}, {}, TransientError, None),
@@ -129,6 +138,7 @@ def test_http_errors_map_to_their_class(status, body, headers, error, delay):
     responses.add(responses.POST, CREATE, json=body, status=status, headers=headers)
     with pytest.raises(error) as caught:
         replicate.submit(job())
+    assert type(caught.value) is error  # the exact class: an account problem pauses, a permanent one fails
     if delay is not None:
         assert caught.value.delay == delay
 

@@ -6,7 +6,16 @@ import pytest
 import responses
 
 from queue_app.providers import runninghub
-from queue_app.providers.base import AmbiguousError, Failed, Finished, PermanentError, Running, Submitted, TransientError
+from queue_app.providers.base import (
+    AccountError,
+    AmbiguousError,
+    Failed,
+    Finished,
+    PermanentError,
+    Running,
+    Submitted,
+    TransientError,
+)
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import resolved, rh_result, rh_task
 
@@ -112,7 +121,7 @@ def test_http_errors_malformed_json_and_a_missing_task_id():
         runninghub.submit(job())
     assert caught.value.delay == 12
     responses.replace(responses.POST, T2I, status=401, json={"code": 802, "msg": "APIKEY_UNAUTHORIZED"})
-    with pytest.raises(PermanentError, match="802"):
+    with pytest.raises(AccountError, match="802"):
         runninghub.submit(job())
     responses.replace(responses.POST, T2I, body="not json", status=200)
     with pytest.raises(AmbiguousError):

@@ -92,3 +92,33 @@ def test_the_scan_walks_in_batches(owner, inline_tasks, monkeypatch):
         )
     assert recovery.heal() == 30
     assert Job.objects.filter(status=Status.PENDING).count() == 30
+
+
+@pytest.mark.postgres
+def test_a_lease_keeper_whose_connection_was_killed_reconnects_and_keeps_renewing(owner, inline_tasks, settings):
+    """A killed backend (database restart, pg_terminate_backend) must not leave the lease
+    to lapse while the worker is still busy with the provider: that would hand the job to
+    a second worker and pay for it twice."""
+    import time
+
+    from django.db import connection
+
+    from queue_app import execution
+
+    settings.LEASE_RENEW_SECONDS = 0.1
+    _, _, [job] = claimed(owner)
+    token = Job.objects.get(id=job.id).lease_token
+    with execution.LeaseKeeper(job.id, token) as keeper:
+        time.sleep(0.3)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] >= 1  # the keeper's own connection
+            cursor.execute("SELECT now()")
+            killed_at = cursor.fetchone()[0]
+        time.sleep(0.8)
+        expires = Job.objects.values_list("lease_expires_at", flat=True).get(id=job.id)
+    assert not keeper.lost.is_set()
+    assert expires > killed_at + timedelta(seconds=settings.LEASE_TTL_SECONDS)

@@ -4,7 +4,7 @@ turn what went wrong into one of the three errors.
 - transport: a failure before the request was sent (refused, DNS, TLS, connect timeout)
   is transient; after it was sent (read timeout, reset) a create call is ambiguous (the
   provider may have accepted it), a status check is transient;
-- HTTP status: 408/409/425/429/5xx transient (502/504 on a create call ambiguous: a
+- HTTP status: 401 an account problem (the key); 408/409/425/429/5xx transient (502/504 on a create call ambiguous: a
   gateway may have passed it on), other 4xx permanent — adapters look at the body first
   for the cases that break this rule (OpenAI's `insufficient_quota` 429, Gemini's 400 bad key);
 - delay hints: `retry-after-ms`, `Retry-After` (seconds or an HTTP date), parsed here;
@@ -23,7 +23,15 @@ import requests
 import urllib3
 
 from queue_app import net
-from queue_app.providers.base import AmbiguousError, Output, PermanentError, ProviderError, ResolvedJob, TransientError
+from queue_app.providers.base import (
+    AccountError,
+    AmbiguousError,
+    Output,
+    PermanentError,
+    ProviderError,
+    ResolvedJob,
+    TransientError,
+)
 
 # A create call may block while the provider generates (OpenAI images: tens of seconds).
 CREATE_TIMEOUT = (10, 300)
@@ -93,6 +101,9 @@ def retry_delay(headers, *, now: datetime | None = None) -> float | None:
 
 def error_for_status(status: int, message: str, *, create: bool, delay: float | None = None) -> ProviderError:
     """The generic mapping of an HTTP error status (after the adapter's own exceptions)."""
+    if status == 401:
+        # The key, not the job: every request would fail alike (an account problem).
+        return AccountError(f"{message} — the provider rejected the API key")
     if create and status in (502, 504):
         return AmbiguousError(f"{message} (a gateway error on a create call: the request may have been accepted)")
     if status in TRANSIENT_STATUSES or status >= 500:

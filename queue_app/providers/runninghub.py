@@ -44,6 +44,8 @@ RUNNING_CODES = {"804", "813"}
 DEAD_CODES = {"805", "807", "1004", "423"}
 MODERATION_CODES = {"1501", "1505"}
 BALANCE_CODES = {"416", "812"}
+# The key itself (802 APIKEY_UNAUTHORIZED, 811 CORPAPIKEY_INVALID): the account, not the job.
+KEY_CODES = {"802", "811"}
 MODERATION_WORDS = ("moderation", "nsfw", "violation", "forbidden", "sensitive", "content review", "prohibited", "审核", "违规")
 RUNNING_STATUSES = {"CREATE", "QUEUED", "RUNNING"}
 FAILED_STATUSES = {"FAILED", "CANCEL", "CANCELED", "CANCELLED"}
@@ -87,6 +89,8 @@ def _error(code: str, message: str, *, delay: float | None = None):
         return PermanentError(f"{LABEL} refused the content (moderation, {code}): {http.short(message)}")
     if code in BALANCE_CODES:
         return AccountError(reason + " — top up the account")
+    if code in KEY_CODES:
+        return AccountError(reason + " — check the API key")
     if code in TRANSIENT_CODES:
         return TransientError(reason, delay=delay)
     return PermanentError(reason)

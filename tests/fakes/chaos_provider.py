@@ -180,20 +180,24 @@ class ChaosProvider:
         with self.lock:
             return sum(1 for p in self.predictions.values() if p.key == key and not p.polls and not p.delivered_terminal)
 
-    def retry_after_violations(self, key: str, tolerance: float = 0.05, grace: float = 0.25) -> list[dict]:
-        """Creates of this record that started inside a 429's announced window, after the
-        client had `grace` seconds to learn of it. A create another worker had already
-        sent on its way when the 429 went out cannot be recalled; those are counted by
-        `creates_in_flight_at_429`, not here."""
+    def retry_after_violations(self, key: str, tolerance: float = 0.05, grace: float = 0.25, known=None) -> list[dict]:
+        """Creates of this record that started inside a 429's announced window, more than
+        `grace` seconds after the client knew of the 429. `known(row)` says when that was
+        for a 429 row (the client's own record of it); by default, when it was sent. A
+        create another worker had already sent on its way before then cannot be recalled;
+        those are counted by `creates_in_flight_at_429`, not here."""
+        known = known or (lambda row: row["end"])
         creates = self.entries(key, "create")
-        windows = [(row["end"], row["end"] + row["retry_after"]) for row in creates if row["outcome"] == "429"]
+        windows = [(known(row), row["end"] + row["retry_after"]) for row in creates if row["outcome"] == "429"]
         return [row for row in creates if any(start + grace < row["start"] < stop - tolerance for start, stop in windows)]
 
-    def creates_in_flight_at_429(self, key: str, grace: float = 0.25) -> list[dict]:
-        """Creates that started within `grace` seconds after a 429 was sent."""
+    def creates_in_flight_at_429(self, key: str, grace: float = 0.25, known=None) -> list[dict]:
+        """Creates that started after a 429 was sent, but before `grace` seconds after the
+        client knew of it."""
+        known = known or (lambda row: row["end"])
         creates = self.entries(key, "create")
-        ends = [row["end"] for row in creates if row["outcome"] == "429"]
-        return [row for row in creates if any(end < row["start"] <= end + grace for end in ends)]
+        windows = [(row["end"], known(row)) for row in creates if row["outcome"] == "429"]
+        return [row for row in creates if any(sent < row["start"] <= seen + grace for sent, seen in windows)]
 
     def submissions_per_job(self, key: str | None = None) -> dict[str, int]:
         """Creates the provider accepted (work was done or a task created), per job token."""
@@ -202,6 +206,21 @@ class ChaosProvider:
             if row.get("worked") and row.get("job"):
                 counts[row["job"]] = counts.get(row["job"], 0) + 1
         return counts
+
+    def resubmission_causes(self) -> dict[str, int]:
+        """Per job token, what the fake saw that entitles the client to submit again: an
+        accepted create whose answer did not arrive intact (ambiguous to the client), and
+        a task that failed remotely — whether a poll found it or the create's own answer
+        (`Prefer: wait`) already carried the failure."""
+        causes: dict[str, int] = {}
+        for row in self.entries(kind="create"):
+            if row.get("worked") and row.get("job") and row["outcome"] not in ("ok", "slow_body"):
+                causes[row["job"]] = causes.get(row["job"], 0) + 1
+        with self.lock:
+            failed = [p.job for p in self.predictions.values() if p.failed and (p.polls or p.delivered_terminal)]
+        for job in failed:
+            causes[job] = causes.get(job, 0) + 1
+        return causes
 
     def create_outcomes(self, key: str | None = None) -> dict[str, int]:
         counts: dict[str, int] = {}
