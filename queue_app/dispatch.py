@@ -101,7 +101,10 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
             used = set(
                 Job.objects.filter(active_provider_id=provider_id, status=Status.PROCESSING).values_list("slot", flat=True)
             )
-            free = [slot for slot in range(provider.concurrency) if slot not in used]
+            # After the limit was lowered, running work may sit in slots above it: the
+            # count of held slots caps the claims, not only which low numbers are free.
+            room = provider.concurrency - len(used)
+            free = [slot for slot in range(provider.concurrency) if slot not in used][: max(0, room)]
             if not free:
                 return []
             candidates = list(dispatchable_jobs(provider_id).select_related("project")[: len(free)])

@@ -207,6 +207,28 @@ def test_raising_concurrency_dispatches_at_once_and_lowering_cancels_nothing(own
     assert statuses(jobs).count(Status.PROCESSING) == 3
 
 
+def test_a_lowered_limit_claims_nothing_while_work_in_a_higher_slot_still_runs(owner, inline_tasks):
+    """Found by the state machine: concurrency 2 → 1 while slots 0 and 1 run; slot 0
+    finishes. Slot 0 is free by number, but the one running job already fills the limit."""
+    provider = make_provider(owner, concurrency=2)
+    project = make_project(owner, provider)
+    first, second, waiting = make_drafts(project, 3)
+    services.jobs_start(user=owner, project=project, job_ids=[first.id, second.id])
+    slots = dict(Job.objects.filter(status=Status.PROCESSING).values_list("slot", "id"))
+    services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
+    Provider.objects.filter(id=provider.id).update(options={"latency_ms": 0})
+    low = next(args for args in inline_tasks.executions() if args[0] == str(slots[0]))
+    inline_tasks.queue = [(func, args) for func, args in inline_tasks.queue if args != low]
+    from queue_app import tasks
+
+    tasks.execute_job(*low)  # the job in slot 0 completes
+    assert status_of(Job.objects.get(id=slots[0])) == Status.COMPLETED
+    services.jobs_start(user=owner, project=project, job_ids=[waiting.id])
+    assert dispatch.dispatch(provider.id) == []
+    assert list(Job.objects.filter(status=Status.PROCESSING).values_list("slot", flat=True)) == [1]
+    assert status_of(waiting) == Status.PENDING
+
+
 def test_paused_provider_dispatches_nothing_until_resumed(owner, inline_tasks):
     provider = make_provider(owner, concurrency=2)
     project = make_project(owner, provider)
