@@ -8,6 +8,7 @@ service; everything else is the browser's own: permission, service worker, page 
 
 import json
 import os
+import time
 
 import pytest
 from django.db import connections
@@ -111,21 +112,28 @@ def test_the_preferences_page_subscribes_this_browser_with_a_registered_service_
         registrations = []
         cdp.on("ServiceWorker.workerRegistrationUpdated", lambda event: registrations.extend(event["registrations"]))
         cdp.send("ServiceWorker.enable")
-        page.wait_for_timeout(500)
+        deadline = time.monotonic() + 20
+        while not any(not r.get("isDeleted") for r in registrations) and time.monotonic() < deadline:
+            page.wait_for_timeout(50)  # lets Playwright deliver the CDP events
         [registration_id] = {r["registrationId"] for r in registrations if not r.get("isDeleted")}
         payload = {"title": "Foxes is done", "body": "All 3 jobs finished.", "url": "/projects/7/", "tag": "project-7"}
         cdp.send(
             "ServiceWorker.deliverPushMessage",
             {"origin": base, "registrationId": registration_id, "data": json.dumps(payload)},
         )
-        shown = page.wait_for_function(
-            """async () => {
-                const reg = await navigator.serviceWorker.ready;
-                const list = await reg.getNotifications();
-                return list.length && list.map((n) => ({ title: n.title, body: n.body, tag: n.tag, url: n.data.url }));
-            }""",
-            timeout=20_000,
-        ).json_value()
+        # wait_for_function would take an async predicate's Promise itself as truthy and
+        # return at once: ask again until the service worker has shown the notification.
+        shown, deadline = [], time.monotonic() + 20
+        while not shown and time.monotonic() < deadline:
+            shown = page.evaluate(
+                """async () => {
+                    const reg = await navigator.serviceWorker.ready;
+                    const list = await reg.getNotifications();
+                    return list.map((n) => ({ title: n.title, body: n.body, tag: n.tag, url: n.data.url }));
+                }"""
+            )
+            if not shown:
+                page.wait_for_timeout(100)
         assert shown == [{**{k: payload[k] for k in ("title", "body", "tag")}, "url": f"{base}/projects/7/"}]
 
         # Turning it off removes this browser's row.
