@@ -137,6 +137,7 @@ class Chaos:
         self.logs = self.var / "logs"
         self.sentinel = f"sk-SENTINEL-{random.Random(self.seed).getrandbits(64):016x}"
         self.kills: list[dict] = []
+        self.disruptions: list[float] = []  # wall times of kills and pg_terminate_backend
         self.events: list[str] = []
         self.started_wall = time.time()
         self.failures: list[str] = []
@@ -255,6 +256,7 @@ class Chaos:
         else:
             proc.kill()
         self.kills.append(dict(name=name, at=at, graceful=graceful, pending=dict(affected), recovered={}))
+        self.disruptions.append(time.time())
         self.events.append(f"{self.stamp()} {'SIGTERM' if graceful else 'SIGKILL'} {name}")
         time.sleep(self.rng.uniform(0.3, 1.5))
         proc.start()
@@ -271,6 +273,7 @@ class Chaos:
                 "WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             count = cursor.fetchone()[0]
+        self.disruptions.append(time.time())
         self.events.append(f"{self.stamp()} pg_terminate_backend: {count} connection(s)")
         return count
 
@@ -472,9 +475,28 @@ class Chaos:
             retry_violations += len(found)
             if found:
                 print(f"#   Retry-After: {len(found)} create(s) of {provider.name} inside a window")
+                t0 = self.started_wall
+                for row in found:
+                    print(f"#     create of chaos-job-{row['job']} started +{row['start'] - t0:.3f} s ({row['outcome']})")
+                for row in self.fake.entries(key, "create"):
+                    if row["outcome"] == "429":
+                        seen = known(row)
+                        print(
+                            f"#     429 to chaos-job-{row['job']} sent +{row['end'] - t0:.3f} s, recorded "
+                            f"{'never' if seen is None else f'+{seen - t0:.3f} s'}, window until "
+                            f"+{row['end'] + row['retry_after'] - t0:.3f} s"
+                        )
         sent_429 = sum(self.fake.create_outcomes(key).get("429", 0) for _, _, key in self.providers)
         in_flight = sum(len(self.fake.creates_in_flight_at_429(key, known=known)) for _, _, key in self.providers)
+        all_429 = [row for row in self.fake.entries(kind="create") if row["outcome"] == "429"]
+        lost_429 = sum(1 for row in all_429 if known(row) is None)
         line("retry_after_violations", retry_violations, "requests", f"must be 0; {sent_429} 429s sent")
+        line(
+            "rate_limits_lost_to_a_kill",
+            lost_429,
+            "429s",
+            "reported: its worker was killed or lost its database before recording it",
+        )
         line(
             "creates_in_flight_at_a_429",
             in_flight,
@@ -509,7 +531,9 @@ class Chaos:
         """For a 429 the fake sent: when the queue knew of it. The worker that got it sets
         the provider's cool-down and then closes its attempt as rate_limited, so that
         attempt's end bounds the moment other workers' pre-submit checks could see it.
-        Without such an attempt (its worker died), the moment the 429 was sent."""
+        Without such an attempt: None when a kill or a backend termination hit within
+        2 s (the queue never learned of that 429; counted apart), else the moment it was
+        sent (strict)."""
         from queue_app.models import JobAttempt
 
         closed = {}
@@ -518,10 +542,14 @@ class Chaos:
             if finished is not None:
                 closed.setdefault(str(job_id), []).append((started.timestamp(), finished.timestamp()))
 
-        def known(row) -> float:
+        def known(row) -> float | None:
             job_id = str(self.job_by_token.get(row["job"]))
             ends = [finished for started, finished in closed.get(job_id, []) if started <= row["end"] <= finished]
-            return max([row["end"], *ends[:1]])
+            if ends:
+                return max(row["end"], ends[0])
+            if any(row["end"] - 0.5 <= at <= row["end"] + 2.0 for at in self.disruptions):
+                return None
+            return row["end"]
 
         return known
 

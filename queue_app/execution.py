@@ -20,7 +20,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
 from django.db.models import F
 from django.db.models.functions import Greatest, Now
 
@@ -150,14 +150,33 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
         else:
             result = providers.call(request, adapter.submit, request)
     except ProviderError as error:
-        return _handle_failure(job, token, provider, attempt, error)
+        result = error
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
         log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
         attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return provider.id
+    return _reconnecting_once(_apply, job, token, provider, attempt, keeper, result)
 
+
+def _reconnecting_once(apply, job: Job, *args):
+    """The provider has answered, and may have billed: a connection that broke meanwhile (a
+    database restart, a killed backend) must not lose that answer to healing, which would
+    send the job again. Reconnect once and apply it; every write is fenced by the lease
+    token, so one that did commit before the break is not applied twice."""
+    try:
+        return apply(job, *args)
+    except (OperationalError, InterfaceError) as error:
+        log.warning("job %s: database error while recording the provider's answer (%s); reconnecting once", job.id, error)
+        connection.close()
+        return apply(job, *args)
+
+
+def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, result) -> int | None:
+    """Record what the provider answered: a failure, a remote task id, or outputs."""
+    if isinstance(result, ProviderError):
+        return _handle_failure(job, token, provider, attempt, result)
     if keeper.lost.is_set():
         attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "lease lost while the provider worked")
         return None
@@ -182,6 +201,8 @@ def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, re
         attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
         transitions.job_fail(job.id, token, reason=str(error), error_class="local")
         return provider.id
+    except DatabaseError:
+        raise  # not the result's fault: the caller reconnects or leaves the job to healing
     except Exception as error:
         reason = redact(f"the provider finished but storing the result failed: {error}", (provider.api_key, provider.api_secret))
         log.warning("job %s: %s", job.id, reason)

@@ -122,3 +122,34 @@ def test_a_lease_keeper_whose_connection_was_killed_reconnects_and_keeps_renewin
         expires = Job.objects.values_list("lease_expires_at", flat=True).get(id=job.id)
     assert not keeper.lost.is_set()
     assert expires > killed_at + timedelta(seconds=settings.LEASE_TTL_SECONDS)
+
+
+@pytest.mark.postgres
+def test_a_connection_killed_after_the_provider_answered_still_records_the_answer(owner, inline_tasks, monkeypatch):
+    """The provider generated (and billed) the image; then the worker's backend is killed.
+    Leaving the job to healing would send it again: the worker reconnects once and writes."""
+    from django.db import OperationalError, connection
+
+    from queue_app import providers
+    from queue_app.models import AlbumItem
+
+    _, _, [job] = claimed(owner)
+    Provider.objects.filter(id=job.project.provider_id).update(options={"latency_ms": 0})
+    real_call, calls = providers.call, []
+
+    def call_then_lose_the_database(request, fn, *args):
+        result = real_call(request, fn, *args)
+        calls.append(fn.__name__)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        except OperationalError:
+            pass  # our own backend is gone now: the next query on this connection fails
+        return result
+
+    monkeypatch.setattr(providers, "call", call_then_lose_the_database)
+    inline_tasks.run()
+    job.refresh_from_db()
+    assert calls == ["submit"]
+    assert job.status == Status.COMPLETED and AlbumItem.objects.filter(job=job).count() == 1
+    assert list(JobAttempt.objects.filter(job=job).values_list("outcome", flat=True)) == ["completed"]

@@ -183,13 +183,15 @@ class ChaosProvider:
     def retry_after_violations(self, key: str, tolerance: float = 0.05, grace: float = 0.25, known=None) -> list[dict]:
         """Creates of this record that started inside a 429's announced window, more than
         `grace` seconds after the client knew of the 429. `known(row)` says when that was
-        for a 429 row (the client's own record of it); by default, when it was sent. A
+        for a 429 row (the client's own record of it), or None when it never learned of it
+        (its worker died first); by default, when it was sent. A
         create another worker had already sent on its way before then cannot be recalled;
         those are counted by `creates_in_flight_at_429`, not here."""
         known = known or (lambda row: row["end"])
         creates = self.entries(key, "create")
         windows = [(known(row), row["end"] + row["retry_after"]) for row in creates if row["outcome"] == "429"]
-        return [row for row in creates if any(start + grace < row["start"] < stop - tolerance for start, stop in windows)]
+        windows = [(seen, stop) for seen, stop in windows if seen is not None]  # None: the client never learned of it
+        return [row for row in creates if any(seen + grace < row["start"] < stop - tolerance for seen, stop in windows)]
 
     def creates_in_flight_at_429(self, key: str, grace: float = 0.25, known=None) -> list[dict]:
         """Creates that started after a 429 was sent, but before `grace` seconds after the
@@ -197,6 +199,7 @@ class ChaosProvider:
         known = known or (lambda row: row["end"])
         creates = self.entries(key, "create")
         windows = [(row["end"], known(row)) for row in creates if row["outcome"] == "429"]
+        windows = [(sent, seen) for sent, seen in windows if seen is not None]
         return [row for row in creates if any(sent < row["start"] <= seen + grace for sent, seen in windows)]
 
     def submissions_per_job(self, key: str | None = None) -> dict[str, int]:
