@@ -157,10 +157,10 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
         attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return provider.id
-    return _reconnecting_once(_apply, job, token, provider, attempt, keeper, result)
+    return reconnecting_once(_apply, job, token, provider, attempt, keeper, result)
 
 
-def _reconnecting_once(apply, job: Job, *args):
+def reconnecting_once(apply, job: Job, *args):
     """The provider has answered, and may have billed: a connection that broke meanwhile (a
     database restart, a killed backend) must not lose that answer to healing, which would
     send the job again. Reconnect once and apply it; every write is fenced by the lease

@@ -346,7 +346,7 @@ def collect(job_id, token) -> None:
             _fenced(job.id, token).update(**back_to_polling)
             return
         if isinstance(state, Finished):
-            execution.collect_outputs(job, token, provider, attempt, state.outputs)
+            execution.reconnecting_once(execution.collect_outputs, job, token, provider, attempt, state.outputs)
         elif isinstance(state, Failed):
             attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
             _apply_failed(job, token, provider, state, record=False)

@@ -4,9 +4,10 @@ turn what went wrong into one of the three errors.
 - transport: a failure before the request was sent (refused, DNS, TLS, connect timeout)
   is transient; after it was sent (read timeout, reset) a create call is ambiguous (the
   provider may have accepted it), a status check is transient;
-- HTTP status: 401 an account problem (the key); 408/409/425/429/5xx transient (502/504 on a create call ambiguous: a
-  gateway may have passed it on), other 4xx permanent — adapters look at the body first
-  for the cases that break this rule (OpenAI's `insufficient_quota` 429, Gemini's 400 bad key);
+- HTTP status: 401 an account problem (the key); 408/409/425/429/5xx transient (502/504
+  on a create call ambiguous: a gateway may have passed it on), other 4xx permanent —
+  adapters look at the body first for the cases that break this rule (OpenAI's
+  `insufficient_quota` 429, Gemini's 400 bad key);
 - delay hints: `retry-after-ms`, `Retry-After` (seconds or an HTTP date), parsed here;
   Gemini's RetryInfo lives in its adapter.
 Plus small helpers the adapters share: JSON bodies, references, content types, layers.
