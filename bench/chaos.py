@@ -138,6 +138,7 @@ class Chaos:
         self.sentinel = f"sk-SENTINEL-{random.Random(self.seed).getrandbits(64):016x}"
         self.kills: list[dict] = []
         self.disruptions: list[float] = []  # wall times of kills and pg_terminate_backend
+        self.graceful_stop_seconds = None
         self.events: list[str] = []
         self.started_wall = time.time()
         self.failures: list[str] = []
@@ -250,14 +251,15 @@ class Chaos:
     def kill(self, name: str, *, graceful: bool = False):
         proc = self.procs[name]
         affected = self.running_under(proc) if name.startswith("worker") else {"running": {}, "claimed": {}}
-        at = time.monotonic()
+        at, stamp = time.monotonic(), self.stamp()
         if graceful:
             proc.stop(timeout=60)
+            self.graceful_stop_seconds = time.monotonic() - at
         else:
             proc.kill()
         self.kills.append(dict(name=name, at=at, graceful=graceful, pending=dict(affected), recovered={}))
         self.disruptions.append(time.time())
-        self.events.append(f"{self.stamp()} {'SIGTERM' if graceful else 'SIGKILL'} {name}")
+        self.events.append(f"{stamp} {'SIGTERM' if graceful else 'SIGKILL'} {name}")
         time.sleep(self.rng.uniform(0.3, 1.5))
         proc.start()
 
@@ -451,6 +453,8 @@ class Chaos:
             f"jobs claimed but not yet taken by any worker at a kill, until a worker or healing took them; "
             f"{len(claimed_times)} jobs; CLAIM_TTL_SECONDS=10",
         )
+        if self.graceful_stop_seconds is not None:
+            line("sigterm_worker_exit", f"{self.graceful_stop_seconds:.2f}", "s", "SIGTERM to the exit of a qcluster (reported)")
         line(
             "sigterm_running_jobs_finished_p100",
             f"{max(graceful_times, default=0):.2f}",
