@@ -42,7 +42,7 @@ from comfy_app import workflow
 from comfy_app.models import ComfyInstance, ComfyRun
 from queue_app import backoff, dispatch, heartbeats, net, outputs, transitions
 from queue_app import tasks as queue_tasks
-from queue_app.attempts import attempt_finish
+from queue_app.attempts import attempt_begin, attempt_finish
 from queue_app.execution import LeaseKeeper
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers.base import Output
@@ -198,10 +198,10 @@ def submit(job_id, token) -> str:
     run = ComfyRun.objects.filter(job_id=job_id).first()
     if job is None or run is None or run.phase != Phase.SUBMITTING:
         return "skipped"
-    if not transitions.lease_take(job.id, token, owner=dispatch.worker_name()):
+    attempt = attempt_begin(job, token)
+    if attempt is None:
         return "skipped"
     instance = ComfyInstance.objects.get(project_id=job.project_id)
-    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker=dispatch.worker_name(), task_id=job.task_id)
     try:
         with LeaseKeeper(job.id, token):
             result = _submit(job, token, run, instance)
@@ -606,10 +606,10 @@ def collect(job_id, token) -> str:
     run = ComfyRun.objects.filter(job_id=job_id).first()
     if job is None or run is None or run.phase != Phase.COLLECTING:
         return "skipped"
-    if not transitions.lease_take(job.id, token, owner=dispatch.worker_name()):
+    attempt = attempt_begin(job, token)
+    if attempt is None:
         return "skipped"
     instance = ComfyInstance.objects.get(project_id=job.project_id)
-    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker=dispatch.worker_name(), task_id=job.task_id)
     keep = "The prompt id is kept: retry the job to download the finished result again."
     try:
         with LeaseKeeper(job.id, token):

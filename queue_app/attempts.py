@@ -1,12 +1,20 @@
-"""The attempt log's one write after creation: how an attempt ended.
-
-Append-only rows (JobAttempt) are created when a worker, collector or runner starts on a
-job and finished exactly once: the update matches only a row still "running", so a late
+"""The attempt log: one row per try at a job, opened when a worker, collector or runner
+takes the job's lease, and finished exactly once: the update matches only a row still "running", so a late
 writer (a stale worker, a heal that got there first) changes nothing."""
 
 from django.utils import timezone
 
-from queue_app.models import JobAttempt
+from queue_app import dispatch, transitions
+from queue_app.models import Job, JobAttempt
+
+
+def attempt_begin(job: Job, token) -> JobAttempt | None:
+    """This worker takes the job's lease and opens its attempt; None when the job is no
+    longer ours under `token` (healed, cleared, or taken by another worker)."""
+    worker = dispatch.worker_name()
+    if not transitions.lease_take(job.id, token, owner=worker):
+        return None
+    return JobAttempt.objects.create(job=job, number=job.attempts, worker=worker, task_id=job.task_id)
 
 
 def attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> bool:

@@ -25,7 +25,7 @@ from django.db.models import F
 from django.db.models.functions import Greatest, Now
 
 from queue_app import backoff, dispatch, failpoints, outputs, providers, transitions
-from queue_app.attempts import attempt_finish
+from queue_app.attempts import attempt_begin, attempt_finish
 from queue_app.crypto import redact
 from queue_app.models import Job, JobAttempt, Provider, Status
 from queue_app.providers import adapter_for, poll_seconds
@@ -113,10 +113,10 @@ def execute_one(job_id, token) -> int | None:
         and not _adoptable(job)
     ):
         return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
-    if not transitions.lease_take(job.id, token, owner=dispatch.worker_name()):
+    attempt = attempt_begin(job, token)
+    if attempt is None:
         return None
     provider = job.active_provider
-    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker=dispatch.worker_name(), task_id=job.task_id)
     try:
         with LeaseKeeper(job.id, token) as keeper:
             return _execute(job, token, provider, attempt, keeper)
@@ -243,8 +243,16 @@ def cool_down(provider_id: int, seconds: float) -> None:
 def pause_for_account(provider: Provider, reason: str) -> None:
     """A rejected key, no credit: pause the provider with the reason a person must act on.
     Dispatch stops; detached tasks already paid for are still polled."""
-    Provider.objects.filter(id=provider.id).update(paused=True, paused_reason=reason[:300])
-    log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
+    reason = reason[:300]
+    # Every poll of the provider's detached tasks may report the same problem: write and
+    # log it once.
+    changed = (
+        Provider.objects.filter(id=provider.id)
+        .exclude(paused=True, paused_reason=reason)
+        .update(paused=True, paused_reason=reason)
+    )
+    if changed:
+        log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
 
 
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:

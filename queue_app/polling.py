@@ -38,8 +38,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queue_app import backoff, dispatch, events, execution, failpoints, providers, tasks, transitions
-from queue_app.attempts import attempt_finish
+from queue_app import backoff, events, execution, failpoints, providers, tasks, transitions
+from queue_app.attempts import attempt_begin, attempt_finish
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
@@ -331,10 +331,10 @@ def collect(job_id, token) -> None:
         return
     # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
     # and healing hands the job back to the poller (which finds the task finished again).
-    if not transitions.lease_take(job.id, token, owner=dispatch.worker_name()):
+    attempt = attempt_begin(job, token)
+    if attempt is None:
         return
     provider = job.active_provider
-    attempt = JobAttempt.objects.create(job=job, number=job.attempts, worker=dispatch.worker_name(), task_id=job.task_id)
     back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
     with execution.LeaseKeeper(job.id, token):
         try:
