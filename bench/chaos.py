@@ -410,12 +410,24 @@ class Chaos:
         self.check("completed without item", completed_without == 0, f"{completed_without}")
 
         violations = 0
+        closest_lines = []
         for provider, _, key in self.providers:
             peak = self.fake.peak_inflight(key)
             over = max(0, peak - provider.concurrency)
             violations += over
             line(f"peak_inflight.{provider.name}", peak, "calls", f"concurrency {provider.concurrency}")
+            for crowd in self.fake.crowds(key, above=provider.concurrency)[:3]:
+                self.explain_crowd(provider, crowd)
+            closest = self.fake.closest_handover(key, provider.concurrency)
+            if closest is not None:
+                closest_lines.append(f"{provider.name} {closest * 1000:.0f} ms")
         line("concurrency_violations", violations, "calls over the limit", "must be 0")
+        line(
+            "closest_handover",
+            ", ".join(closest_lines) or "none",
+            "",
+            "reported: a call that took the last free slot started this long after the call before it ended",
+        )
         self.check("concurrency", violations == 0, f"{violations} call(s) over a provider's limit")
 
         leaked = jobs.filter(status=Status.PROCESSING).count() + Job.objects.filter(slot__isnull=False).count()
@@ -592,6 +604,27 @@ class Chaos:
         )
         line("unexplained_extra_submissions", unexplained, "submissions", "must be 0")
         self.check("submissions", unexplained == 0, f"{unexplained} extra submission(s) without a cause")
+
+    def explain_crowd(self, provider, crowd):
+        """Print the calls that were in flight together over a provider's limit, and what the
+        database recorded of their jobs (attempts: worker, times, slot, outcome)."""
+        from queue_app.models import JobAttempt
+
+        t0 = self.started_wall
+        print(f"#   over the limit of {provider.name} ({provider.concurrency}): {len(crowd)} calls in flight")
+        for span in sorted(crowd, key=lambda span: span["start"]):
+            job_id = self.job_by_token.get(span["job"])
+            print(
+                f"#     call of chaos-job-{span['job']} {span['start'] - t0:8.3f}→{span['end'] - t0:8.3f} s "
+                f"{span['outcome']} {span['task']}"
+            )
+            for attempt in JobAttempt.objects.filter(job_id=job_id).order_by("id"):
+                started = attempt.started_at.timestamp() - t0
+                finished = attempt.finished_at.timestamp() - t0 if attempt.finished_at else float("nan")
+                print(
+                    f"#       attempt {attempt.number} {started:8.3f}→{finished:8.3f} s {attempt.outcome} "
+                    f"worker={attempt.worker} task={attempt.task_id} reason={attempt.reason[:120]!r}"
+                )
 
     def explain_submissions(self, token, job_id):
         """Print what the fake and the database saw of a job with unexplained submissions,

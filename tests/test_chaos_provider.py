@@ -117,3 +117,37 @@ def test_a_task_failure_carried_by_the_create_answer_entitles_a_resubmission():
         assert fake.resubmission_causes() == {"4": 1}
     finally:
         fake.stop()
+
+
+def test_a_slowly_sent_answer_stops_counting_once_its_last_byte_is_out():
+    """The client may take the next job the moment it holds the answer: a call counted in
+    flight past that point would read as two calls in one slot."""
+    fake = ChaosProvider(seed=1).start()
+    try:
+        fake.configure("k", family="openai", latency=(0, 0), create_faults={"slow_body": 1.0}, slow_seconds=1.0)
+        answer = post(fake, "k", 1)
+        received = time.time()
+        assert answer.status_code == 200 and answer.json()["data"]
+        settle(fake, "k", 1)
+        [(start, end)] = fake.intervals("k")
+        assert end - start >= 0.9  # the body really trickled
+        assert end <= received
+    finally:
+        fake.stop()
+
+
+def test_the_calls_that_crowd_past_a_limit_are_named():
+    fake = ChaosProvider(seed=1).start()
+    try:
+        fake.configure("k", family="openai", latency=(0.3, 0.3))
+        threads = [threading.Thread(target=post, args=(fake, "k", n)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        settle(fake, "k", 3)
+        [crowd] = fake.crowds("k", above=2)
+        assert sorted(span["job"] for span in crowd) == ["0", "1", "2"]
+        assert fake.crowds("k", above=3) == []
+    finally:
+        fake.stop()

@@ -146,34 +146,69 @@ class ChaosProvider:
 
     def intervals(self, key: str) -> list[tuple[float, float]]:
         """Exact in-flight intervals of the generations this record ran (orphans excluded)."""
+        return [(span["start"], span["end"]) for span in self.spans(key)]
+
+    def spans(self, key: str) -> list[dict]:
+        """The in-flight intervals with what they were: job token, create outcome, task id."""
         record = self.records[key]
         spans = []
         if record.family == "openai":
             for row in self.entries(key, "create"):
                 if row.get("worked"):
-                    spans.append((row["start"], row["end"]))
+                    # An answer delivered ends the call when its last byte left: the client
+                    # cannot act on it sooner, and the fake's own thread may be scheduled
+                    # later than that to write `end`.
+                    end = row.get("sent") or row["end"]
+                    spans.append(dict(start=row["start"], end=end, job=row["job"], outcome=row["outcome"], task=""))
         else:
             with self.lock:
                 predictions = [p for p in self.predictions.values() if p.key == key]
             for p in predictions:
                 if p.delivered_terminal:
-                    spans.append((p.created, p.work_end))
+                    end = p.work_end
                 elif p.polls:
-                    spans.append((p.created, min(p.work_end, max(p.polls))))
-                # else: never polled — the client never got or never stored the id (orphan)
+                    end = min(p.work_end, max(p.polls))
+                else:
+                    continue  # never polled — the client never got or never stored the id (orphan)
+                spans.append(dict(start=p.created, end=end, job=p.job, outcome="failed" if p.failed else "task", task=p.id))
         return spans
 
     def peak_inflight(self, key: str) -> int:
+        return max((len(spans) for spans in self.crowds(key)), default=0)
+
+    def crowds(self, key: str, above: int = 0) -> list[list[dict]]:
+        """Each moment the number in flight rose to a new count above `above`: the spans in
+        flight then (for a violation: which calls overlapped)."""
         events = []
-        for start, end in self.intervals(key):
-            events.append((start, 1))
-            events.append((end, -1))
+        for span in self.spans(key):
+            events.append((span["start"], 1, id(span), span))
+            events.append((span["end"], -1, id(span), span))
         events.sort(key=lambda event: (event[0], event[1]))
-        peak = current = 0
-        for _, delta in events:
-            current += delta
-            peak = max(peak, current)
-        return peak
+        current: dict[int, dict] = {}
+        crowds = []
+        for _, delta, ident, span in events:
+            if delta > 0:
+                current[ident] = span
+                if len(current) > above:
+                    crowds.append(list(current.values()))
+            else:
+                current.pop(ident, None)
+        return crowds
+
+    def closest_handover(self, key: str, limit: int) -> float | None:
+        """The smallest margin by which the limit held: over the calls that started with
+        `limit - 1` others in flight, the least time since the latest call had ended
+        (None when the limit was never reached)."""
+        spans = self.spans(key)
+        ends = sorted(span["end"] for span in spans)
+        closest = None
+        for span in spans:
+            others = sum(1 for other in spans if other is not span and other["start"] <= span["start"] < other["end"])
+            before = [end for end in ends if end <= span["start"]]
+            if others == limit - 1 and before:
+                gap = span["start"] - before[-1]
+                closest = gap if closest is None else min(closest, gap)
+        return closest
 
     def orphans(self, key: str) -> int:
         """Remote tasks created but never polled (the client never stored or never got the id)."""
@@ -304,13 +339,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(name, value)
             self.end_headers()
             if slow > 0:
+                # A pause between pieces, none after the last: once the body is out the
+                # client may act on it, so the call ends there (a trailing pause kept the
+                # books counting a finished call as in flight for 0.3 s).
                 pieces = 5
                 step = max(1, math.ceil(len(body) / pieces))
                 for offset in range(0, len(body), step):
+                    if offset:
+                        time.sleep(slow / (pieces - 1))
+                    if offset + step >= len(body):
+                        self.sent_at = time.time()
                     self.wfile.write(body[offset : offset + step])
                     self.wfile.flush()
-                    time.sleep(slow / pieces)
             else:
+                self.sent_at = time.time()
                 self.wfile.write(body)
             self.wfile.flush()
             return True
@@ -419,7 +461,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reset()
         if fault == "malformed":
             self._send(200, None, raw=b'{"created": 1, "data": [{"b64_json": "iVBOR')
-            entry.update(outcome="malformed", end=time.time())
+            entry.update(outcome="malformed", end=time.time(), sent=self.sent_at)
             self.provider.record(**entry)
             return
         n = max(1, min(int(request.get("n") or 1), 4))
@@ -435,6 +477,8 @@ class _Handler(BaseHTTPRequestHandler):
         }
         sent = self._send(200, payload, slow=record.slow_seconds if fault == "slow_body" else 0.0)
         entry.update(outcome=("slow_body" if fault == "slow_body" else "ok") if sent else "client_gone", end=time.time())
+        if sent:
+            entry["sent"] = self.sent_at
         self.provider.record(**entry)
 
     # --- Replicate predictions (async) ---------------------------------------------
