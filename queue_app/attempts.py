@@ -1,7 +1,8 @@
 """The attempt log: one row per try at a job, opened when a worker, collector or runner
-takes the job's lease, and finished exactly once: the update matches only a row still "running", so a late
-writer (a stale worker, a heal that got there first) changes nothing."""
+takes the job's lease, and finished exactly once: the update matches only a row still
+"running", so a late writer (a stale worker, a heal that got there first) changes nothing."""
 
+from django.db import transaction
 from django.utils import timezone
 
 from queue_app import dispatch, transitions
@@ -12,9 +13,12 @@ def attempt_begin(job: Job, token) -> JobAttempt | None:
     """This worker takes the job's lease and opens its attempt; None when the job is no
     longer ours under `token` (healed, cleared, or taken by another worker)."""
     worker = dispatch.worker_name()
-    if not transitions.lease_take(job.id, token, owner=worker):
-        return None
-    return JobAttempt.objects.create(job=job, number=job.attempts, worker=worker, task_id=job.task_id)
+    # One transaction: a worker that dies in between leaves no lease without its attempt
+    # (healing records the interrupted attempt it finds), and the write lock is taken once.
+    with transaction.atomic():
+        if not transitions.lease_take(job.id, token, owner=worker):
+            return None
+        return JobAttempt.objects.create(job=job, number=job.attempts, worker=worker, task_id=job.task_id)
 
 
 def attempt_finish(attempt_id, outcome: str, reason: str = "", task_id: str = "") -> bool:

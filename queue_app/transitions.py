@@ -151,9 +151,11 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
 
 
 def lease_take(job_id, token, *, owner: str) -> bool:
-    """A worker starts executing a claimed job: the lease becomes its own."""
+    """A worker starts executing a claimed job: the lease becomes its own. Only a hand-off
+    nobody has taken yet (empty owner): a task delivered twice runs once, and a job whose
+    taker died waits for healing to hand it out again under a new token."""
     return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING, lease_owner="").update(
             lease_owner=owner, lease_expires_at=_lease_expiry()
         )
     )
@@ -203,7 +205,13 @@ def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict
         if not changed:
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
-        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
+        # The freed slot is the provider's; only a job without one (a runner's: ComfyUI)
+        # wakes its project. Looking up the project's other pending work here cost every
+        # completion a query and found nothing a freed provider slot could take.
+        if job["active_provider_id"]:
+            _after_commit_wake(provider_ids={job["active_provider_id"]})
+        else:
+            _after_commit_wake(project_ids={job["project_id"]})
     return True
 
 

@@ -200,3 +200,23 @@ async def test_progress_ticks_are_broadcast_and_written_at_most_once_a_second(ow
     assert stored == 0.25  # the second tick, within a second, was not written
     assert await sync_to_async(lambda: ProjectEvent.objects.filter(kind="job.progress").count())() == 0
     await communicator.disconnect()
+
+
+@pytest.mark.redis
+def test_events_committed_on_a_worker_thread_reach_a_redis_subscriber_in_order(owner):
+    """To Redis, a committing thread hands its events to the process's sender thread and
+    goes on; a subscriber still gets every one, in commit order."""
+    from asgiref.sync import async_to_sync
+
+    project = make_project(owner, make_provider(owner))
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.group_name(project.id), channel)
+    for seq in range(1, 6):
+        events.broadcast([ProjectEvent(project_id=project.id, seq=seq, kind="job.claimed", status="processing", payload={})])
+    assert events.flush_broadcasts(timeout=5)
+
+    async def take(n):
+        return [(await layer.receive(channel))["event"]["seq"] for _ in range(n)]
+
+    assert async_to_sync(take)(5) == [1, 2, 3, 4, 5]

@@ -127,3 +127,17 @@ def test_racing_dispatchers_never_claim_more_than_the_limit(owner, inline_tasks)
     assert sum(len(claimed) for claimed in results) == 3
     assert Job.objects.filter(status=Status.PROCESSING).count() == 3
     assert sorted(Job.objects.filter(status=Status.PROCESSING).values_list("slot", flat=True)) == [0, 1, 2]
+
+
+def test_a_hand_off_delivered_twice_is_taken_by_one_worker_only(owner, project, inline_tasks):
+    from queue_app.attempts import attempt_begin
+
+    [job] = make_drafts(project)
+    transitions.jobs_to_pending([job.id], from_statuses=(Status.DRAFT,))
+    [(job_id, token)] = inline_tasks.executions()
+    job.refresh_from_db()
+    first = attempt_begin(job, token)
+    second = attempt_begin(job, token)
+    assert first is not None and second is None
+    job.refresh_from_db()
+    assert job.lease_owner == first.worker and job.attempt_log.count() == 1
