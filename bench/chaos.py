@@ -607,7 +607,7 @@ class Chaos:
 
     def explain_crowd(self, provider, crowd):
         """Print the calls that were in flight together over a provider's limit, and what the
-        database recorded of their jobs (attempts: worker, times, slot, outcome)."""
+        database recorded of their jobs (attempts: worker, times, outcome, reason)."""
         from queue_app.models import JobAttempt
 
         t0 = self.started_wall

@@ -120,23 +120,26 @@ async def _send_all(layer, rows) -> None:
 
 class _Sender:
     """One daemon thread per process with one event loop (so one Redis connection),
-    sending committed events in commit order. A send on the committing thread cost a worker two new Redis
-    connections per job (about 3 ms each) between one provider call and the next. What a
-    killed process never sent, the relay in daphne delivers from the rows (relay.py)."""
+    sending committed events in commit order. A send on the committing thread cost a
+    worker two new Redis connections per job (about 3 ms each) between one provider call
+    and the next. What a killed process never sent, the relay in daphne delivers from the
+    rows (relay.py)."""
 
     def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._reset()
+
+    def _reset(self) -> None:
+        # Also in a forked child (django-q2 forks its workers): the parent's thread does
+        # not exist there, and a lock the parent held at the fork would stay held.
         self._lock = threading.Lock()
-        self._pid = None
-        self._pending = 0
         self._idle = threading.Condition(self._lock)
+        self._queue: queue.SimpleQueue | None = None
+        self._pending = 0
 
     def put(self, layer, rows) -> None:
         with self._lock:
-            if self._pid != os.getpid():  # first use, or a forked worker: its own thread
-                self._pid = os.getpid()
+            if self._queue is None:
                 self._queue = queue.SimpleQueue()
-                self._pending = 0
                 threading.Thread(target=self._run, args=(self._queue,), name="live-event-sender", daemon=True).start()
             self._pending += 1
             self._queue.put((layer, list(rows)))
@@ -166,6 +169,7 @@ class _Sender:
 
 
 _sender = _Sender()
+os.register_at_fork(after_in_child=_sender._reset)
 atexit.register(_sender.flush, 2.0)
 
 

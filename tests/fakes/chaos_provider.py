@@ -177,7 +177,7 @@ class ChaosProvider:
         return max((len(spans) for spans in self.crowds(key)), default=0)
 
     def crowds(self, key: str, above: int = 0) -> list[list[dict]]:
-        """Each moment the number in flight rose to a new count above `above`: the spans in
+        """At each call's start that left more than `above` calls in flight: the calls in
         flight then (for a violation: which calls overlapped)."""
         events = []
         for span in self.spans(key):
@@ -331,6 +331,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload, *, headers: dict | None = None, slow: float = 0.0, raw: bytes | None = None) -> bool:
         body = raw if raw is not None else json.dumps(payload).encode()
+        self.sent_at = None  # when the last byte went out; None when it never did
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json" if raw is None else "application/octet-stream")
