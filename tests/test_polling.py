@@ -160,6 +160,32 @@ def test_a_slow_provider_does_not_delay_the_others(owner, monkeypatch):
     assert Job.objects.get(id=slow.id).poll_claimed_until is None
 
 
+def test_a_poll_thread_takes_the_next_due_check_when_its_own_ends(owner, monkeypatch):
+    """Due work left over after a step is not left for the next step (a second later in
+    the queue service): each finished check claims the next one."""
+    crowded = provider_for(owner, "demo")
+    jobs = [detached(owner, "demo", task_id=f"demo:{n}:0", provider=crowded, slot=n) for n in range(10)]
+
+    class SlowishAdapter:
+        @staticmethod
+        def check(task_id, job):
+            time.sleep(0.05)
+            return Running(progress=0.25)
+
+    monkeypatch.setattr(polling, "adapter_for", lambda family: SlowishAdapter)
+    poller = polling.Poller(parallelism=2, per_provider=2)
+    try:
+        assert poller.step() == 2  # the only step: two threads for ten due jobs
+        deadline = time.monotonic() + 20
+        while Job.objects.filter(id__in=[job.id for job in jobs], progress=0.25).count() < 10:
+            assert time.monotonic() < deadline, "the threads did not refill themselves"
+            time.sleep(0.05)
+        poller.wait(timeout=10)
+    finally:
+        poller.close()
+    assert Job.objects.filter(id__in=[job.id for job in jobs], poll_claimed_until__isnull=False).count() == 0
+
+
 def test_a_provider_gets_at_most_half_the_poll_threads(owner):
     crowded = provider_for(owner, "demo")
     for n in range(6):
