@@ -22,7 +22,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from queue_app import dispatch, heartbeats, notifications, polling, recovery, runners
@@ -106,9 +106,26 @@ class QueueService:
             self.step_prune()
         return did
 
+    def recover_on_start(self) -> dict | None:
+        """The recovery scan, tried again until it completes: a database that drops the
+        connection while the service starts must not take the queue's healer down with
+        it (a chaos run lost its only queue service that way for a minute)."""
+        delay = 0.5
+        while not self.stopping:
+            try:
+                counts = recovery.recover()
+            except Exception:
+                log.exception("recovery scan failed; trying again in %.1f s", delay)
+                connections.close_all()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            log.info("recovery scan: %s", counts)
+            return counts
+        return None
+
     def run(self, *, max_ticks: int | None = None) -> None:
-        counts = recovery.recover()
-        log.info("recovery scan: %s", counts)
+        self.recover_on_start()
         ticks = 0
         while not self.stopping:
             try:

@@ -153,3 +153,25 @@ def test_a_connection_killed_after_the_provider_answered_still_records_the_answe
     assert calls == ["submit"]
     assert job.status == Status.COMPLETED and AlbumItem.objects.filter(job=job).count() == 1
     assert list(JobAttempt.objects.filter(job=job).values_list("outcome", flat=True)) == ["completed"]
+
+
+def test_a_database_error_during_the_start_scan_does_not_take_the_queue_service_down(owner, inline_tasks, monkeypatch):
+    from django.db import OperationalError
+
+    from queue_app.queue_service import QueueService
+
+    provider, _, [job] = claimed(owner)
+    Provider.objects.filter(id=provider.id).update(paused=True)  # keep it pending after healing
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1), lease_owner="gone:1")
+    real, failures = recovery.recover, []
+
+    def recover_after_a_dropped_connection():
+        if not failures:
+            failures.append(1)
+            raise OperationalError("terminating connection due to administrator command")
+        return real()
+
+    monkeypatch.setattr(recovery, "recover", recover_after_a_dropped_connection)
+    QueueService().run(max_ticks=1)  # used to raise out of the scan and end the service
+    assert failures == [1]
+    assert status_of(job) == Status.PENDING  # the scan ran again and healed the job
