@@ -608,8 +608,6 @@ class Chaos:
     def explain_crowd(self, provider, crowd):
         """Print the calls that were in flight together over a provider's limit, and what the
         database recorded of their jobs (attempts: worker, times, outcome, reason)."""
-        from queue_app.models import JobAttempt
-
         t0 = self.started_wall
         print(f"#   over the limit of {provider.name} ({provider.concurrency}): {len(crowd)} calls in flight")
         for span in sorted(crowd, key=lambda span: span["start"]):
@@ -618,19 +616,11 @@ class Chaos:
                 f"#     call of chaos-job-{span['job']} {span['start'] - t0:8.3f}→{span['end'] - t0:8.3f} s "
                 f"{span['outcome']} {span['task']}"
             )
-            for attempt in JobAttempt.objects.filter(job_id=job_id).order_by("id"):
-                started = attempt.started_at.timestamp() - t0
-                finished = attempt.finished_at.timestamp() - t0 if attempt.finished_at else float("nan")
-                print(
-                    f"#       attempt {attempt.number} {started:8.3f}→{finished:8.3f} s {attempt.outcome} "
-                    f"worker={attempt.worker} task={attempt.task_id} reason={attempt.reason[:120]!r}"
-                )
+            self.print_attempts(job_id, indent="#       ")
 
     def explain_submissions(self, token, job_id):
         """Print what the fake and the database saw of a job with unexplained submissions,
         so a red run can be read without re-running it."""
-        from queue_app.models import JobAttempt
-
         t0 = self.started_wall
         print(f"#   unexplained: job {job_id} (chaos-job-{token})")
         for row in self.fake.entries(kind="create"):
@@ -639,11 +629,18 @@ class Chaos:
                     f"#     create {row['start'] - t0:8.3f}→{row.get('end', row['start']) - t0:8.3f} s"
                     f" outcome={row['outcome']} worked={row.get('worked')} prediction={row.get('prediction', '')}"
                 )
+        self.print_attempts(job_id, indent="#     ")
+
+    def print_attempts(self, job_id, *, indent: str):
+        """A job's attempts as the database recorded them, on the run's time scale."""
+        from queue_app.models import JobAttempt
+
+        t0 = self.started_wall
         for attempt in JobAttempt.objects.filter(job_id=job_id).order_by("id"):
             started = attempt.started_at.timestamp() - t0
             finished = attempt.finished_at.timestamp() - t0 if attempt.finished_at else float("nan")
             print(
-                f"#     attempt {attempt.number} {started:8.3f}→{finished:8.3f} s {attempt.outcome} "
+                f"{indent}attempt {attempt.number} {started:8.3f}→{finished:8.3f} s {attempt.outcome} "
                 f"worker={attempt.worker} task={attempt.task_id} reason={attempt.reason[:160]!r}"
             )
 

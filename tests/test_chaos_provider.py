@@ -27,15 +27,19 @@ def settle(fake, key, entries):
         time.sleep(0.01)
 
 
+def post_at_once(fake, key, tokens):
+    threads = [threading.Thread(target=post, args=(fake, key, n)) for n in tokens]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def test_it_measures_concurrency_from_exact_intervals():
     fake = ChaosProvider(seed=1).start()
     try:
         fake.configure("k", family="openai", latency=(0.3, 0.3))
-        threads = [threading.Thread(target=post, args=(fake, "k", n)) for n in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        post_at_once(fake, "k", range(3))
         post(fake, "k", 9)  # after the others: no overlap
         settle(fake, "k", 4)
         assert fake.peak_inflight("k") == 3
@@ -140,11 +144,7 @@ def test_the_calls_that_crowd_past_a_limit_are_named():
     fake = ChaosProvider(seed=1).start()
     try:
         fake.configure("k", family="openai", latency=(0.3, 0.3))
-        threads = [threading.Thread(target=post, args=(fake, "k", n)) for n in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        post_at_once(fake, "k", range(3))
         settle(fake, "k", 3)
         [crowd] = fake.crowds("k", above=2)
         assert sorted(span["job"] for span in crowd) == ["0", "1", "2"]
