@@ -46,7 +46,7 @@ GOAL_MS = 100.0
 def seed(n_jobs: int, n_providers: int, n_projects: int):
     from django.contrib.auth import get_user_model
 
-    from queue_app import heartbeats
+    from queue_app.engine import heartbeats
     from queue_app.models import AccountSettings, Job, Project, Provider, Status
 
     User = get_user_model()

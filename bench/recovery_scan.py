@@ -84,8 +84,9 @@ def main(argv=None) -> int:
     from django.db import connection, connections
     from django.utils import timezone
 
-    from queue_app import polling, recovery, tasks
+    from queue_app import tasks
     from queue_app.models import AccountSettings, Job, JobAttempt, Project, Provider, Status
+    from queue_app.service import poller, recovery
 
     tasks._enqueue = lambda func, *args: None  # no broker: nothing runs the claims here
     user = get_user_model().objects.create_user(username="bench", password="bench-pw-unused")
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
             return sum(1 for p in fake.predictions.values() if p.key == key and p.polls)
 
     # As the queue service runs it: a step a second; the threads refill themselves between.
-    poller = polling.Poller(parallelism=args.poll_parallelism)
+    poller = poller.Poller(parallelism=args.poll_parallelism)
     started = time.monotonic()
     last_step = 0.0
     while polled() < args.detached:

@@ -1,6 +1,6 @@
 """A ComfyUI HTTP client, built against the recorded shapes of ComfyUI 0.3.64.
 
-Every call goes through `queue_app.net` (timeouts, size cap, SSRF guard). Errors come
+Every call goes through `queue_app.providers.net` (timeouts, size cap, SSRF guard). Errors come
 out as one of four classes the runner branches on:
 - Unreachable  nothing answered (refused, DNS, connect timeout): the instance-level
                ten-minute rule applies, a job does not fail for it at once;
@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 
 import requests
 
-from queue_app import net
+from queue_app.providers import net
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """ComfyUI projects: the instance a project drives, and the runner's record of each job.
 
-A job's `status` still changes only in `queue_app.transitions`; these rows hold what
+A job's `status` still changes only in `queue_app.engine.transitions`; these rows hold what
 the ComfyUI runner needs on top: where the instance is, who drives it now, and which
 phase each in-flight job is in at the instance.
 """
@@ -9,8 +9,8 @@ import uuid
 
 from django.db import models
 
-from queue_app import crypto
 from queue_app.models import Job, Project
+from queue_app.providers import crypto
 
 
 class ComfyInstance(models.Model):

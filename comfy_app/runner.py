@@ -18,7 +18,7 @@ A WebSocket listener per driven instance only makes checks happen sooner; the po
 alone is correct.
 
 Every job write is fenced by the job's lease token; a job's status changes only through
-`queue_app.transitions`. No network call happens inside a database transaction.
+`queue_app.engine.transitions`. No network call happens inside a database transaction.
 """
 
 import logging
@@ -40,12 +40,13 @@ from django.utils import timezone
 from comfy_app import client as comfy
 from comfy_app import workflow
 from comfy_app.models import ComfyInstance, ComfyRun
-from queue_app import backoff, dispatch, heartbeats, net, outputs, transitions
 from queue_app import tasks as queue_tasks
-from queue_app.attempts import attempt_begin, attempt_finish
-from queue_app.execution import LeaseKeeper
+from queue_app.engine import backoff, dispatch, heartbeats, outputs, transitions
+from queue_app.engine.attempts import attempt_begin, attempt_finish
 from queue_app.models import Job, JobAttempt, Kind, Status
+from queue_app.providers import net
 from queue_app.providers.base import Output
+from queue_app.worker.execute import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
@@ -665,7 +666,7 @@ def collect(job_id, token) -> str:
 
 
 class ComfyRunner:
-    """Registered for kind "comfyui" in queue_app.runners (see comfy_app.apps)."""
+    """Registered for kind "comfyui" in queue_app.engine.runners (see comfy_app.apps)."""
 
     def __init__(self):
         self._pool = None
@@ -675,7 +676,7 @@ class ComfyRunner:
         self._last_check: dict[int, float] = {}
         self.listeners = None  # comfy_app.ws.Listeners, started with the first check
 
-    # queue_app.runners interface
+    # queue_app.engine.runners interface
 
     def wake(self, project_ids) -> None:
         for project_id in sorted(project_ids):

@@ -5,8 +5,8 @@ import json
 from comfy_app import client as comfy
 from comfy_app import workflow
 from comfy_app.models import ComfyInstance
-from queue_app import net
 from queue_app.models import Kind, Project
+from queue_app.providers import net
 from queue_app.services import ServiceError
 
 

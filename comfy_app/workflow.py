@@ -13,7 +13,7 @@ import hashlib
 import mimetypes
 import random
 
-from queue_app import net
+from queue_app.providers import net
 
 SEED_INPUTS = ("seed", "noise_seed")
 SEED_MAX = 2**53 - 1  # exact in JSON and in JavaScript

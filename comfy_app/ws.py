@@ -14,7 +14,7 @@ import logging
 import threading
 from urllib.parse import quote
 
-from queue_app import net
+from queue_app.providers import net
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 from django import forms
 from django.contrib import admin, messages
 
-from queue_app import crypto, net, services
+from queue_app import services
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
@@ -21,6 +21,7 @@ from queue_app.models import (
     PushSubscription,
     Status,
 )
+from queue_app.providers import crypto, net
 
 admin.site.site_header = "Remix Studio Queue"
 admin.site.index_template = "admin/queue_index.html"

@@ -11,6 +11,6 @@ class QueueAppConfig(AppConfig):
         # A qcluster process announces itself so the monitor can tell when dispatchable
         # work has no live worker to take it.
         if len(sys.argv) > 1 and sys.argv[1] == "qcluster":
-            from queue_app import heartbeats
+            from queue_app.engine import heartbeats
 
             heartbeats.start_worker_heartbeat()

@@ -1,6 +1,6 @@
 """Projects, providers, jobs, attempts, album items, live events.
 
-A job's `status` is never assigned here or anywhere but `queue_app.transitions`.
+A job's `status` is never assigned here or anywhere but `queue_app.engine.transitions`.
 """
 
 import uuid
@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from queue_app import crypto
+from queue_app.providers import crypto
 
 
 class Family(models.TextChoices):

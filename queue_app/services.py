@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app import dispatch, events, outputs, transitions
+from queue_app.engine import dispatch, events, outputs, transitions
 from queue_app.models import IdempotencyKey, Job, Project, Provider, Status
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,12 @@ def enqueue_collection(job_id, token) -> None:
 
 
 def execute_job(job_id: str, token: str) -> None:
-    from queue_app import execution
+    from queue_app.worker import execute
 
-    execution.run(job_id, token)
+    execute.run(job_id, token)
 
 
 def collect_job(job_id: str, token: str) -> None:
-    from queue_app import polling
+    from queue_app.service import poller
 
-    polling.collect(job_id, token)
+    poller.collect(job_id, token)

@@ -8,7 +8,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", include("queue_app.urls")),
-    path("", include("queue_app.push_urls")),
+    path("", include("queue_app.web.urls")),
+    path("", include("queue_app.notifications.urls")),
     path("", include("comfy_app.urls")),
 ]

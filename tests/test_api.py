@@ -9,8 +9,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from queue_app import heartbeats, services, tokens
+from queue_app import services
+from queue_app.engine import heartbeats
 from queue_app.models import ApiToken, IdempotencyKey, Job, JobAttempt, Provider, Status
+from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db

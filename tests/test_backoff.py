@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from queue_app import backoff
+from queue_app.engine import backoff
 
 
 @pytest.mark.parametrize("attempt", range(1, 12))

@@ -10,7 +10,7 @@ import pytest
 
 from comfy_app import client as comfy
 from comfy_app import ws
-from queue_app import net
+from queue_app.providers import net
 from tests.fakes.comfyui import RECORDED, FakeComfyUI
 
 

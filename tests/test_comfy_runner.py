@@ -545,7 +545,7 @@ def test_a_driver_whose_process_died_on_this_host_is_replaced_at_once(owner, fak
 
 
 def test_healing_leaves_comfyui_jobs_to_their_runner(owner, fake, inline_tasks):
-    from queue_app import recovery
+    from queue_app.service import recovery
 
     project, instance = comfy_project(owner, fake)
     fake.plan(Script(seconds=5))

@@ -68,7 +68,7 @@ def test_the_key_never_reaches_the_logs(client, owner, keyed, caplog, inline_tas
 
 
 def test_a_rotated_encryption_key_does_not_crash_pages(settings, keyed):
-    from queue_app import crypto
+    from queue_app.providers import crypto
 
     settings.FIELD_ENCRYPTION_KEY = crypto.Fernet.generate_key().decode()
     assert Provider.objects.get(id=keyed.id).api_key == ""

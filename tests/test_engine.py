@@ -5,7 +5,8 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from queue_app import dispatch, services, transitions
+from queue_app import services
+from queue_app.engine import dispatch, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Provider, Status
 from tests.conftest import make_drafts, make_project, make_provider, status_of, statuses
 
@@ -294,7 +295,7 @@ def test_snapshot_resolves_the_effective_provider_and_closest_shape(owner, inlin
 
 
 def test_an_account_problem_pauses_the_provider_and_keeps_the_jobs_queued(owner, inline_tasks):
-    from queue_app.status import queue_status
+    from queue_app.selectors import queue_status
 
     provider = make_provider(owner, concurrency=2, fail_rate=1, fail_kind="account")
     project = make_project(owner, provider)
@@ -321,8 +322,8 @@ def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_
     jobs = make_drafts(project, 2)
     services.jobs_start(user=owner, project=project, all_drafts=True)
     assert len(inline_tasks.executions()) == 2
-    from queue_app.execution import cool_down
     from queue_app.providers import demo
+    from queue_app.worker.execute import cool_down
 
     cool_down(provider.id, 30)  # another job's 429 arrives after both were claimed
     inline_tasks.run()
@@ -334,7 +335,7 @@ def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_
 def test_the_attempt_is_completed_in_the_same_commit_as_the_job(owner, project, inline_tasks):
     """A worker killed right after the output commit must not leave its attempt "running";
     a fenced write (the job was taken) records nothing."""
-    from queue_app import outputs
+    from queue_app.engine import outputs
     from queue_app.providers.base import Output
 
     first, second = make_drafts(project, 2)

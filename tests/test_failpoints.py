@@ -4,7 +4,8 @@ one album item, and a remote submission count that says what the crash cost."""
 
 import pytest
 
-from queue_app import heartbeats, services
+from queue_app import services
+from queue_app.engine import heartbeats
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
 from tests import procs

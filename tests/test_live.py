@@ -11,8 +11,9 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection, transaction
 from django.test import Client
 
-from queue_app import events, relay
+from queue_app.engine import events
 from queue_app.models import Job, ProjectEvent, Status
+from queue_app.web.live import relay
 from remixstudio.asgi import application
 from tests.conftest import make_drafts, make_project, make_provider
 

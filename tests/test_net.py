@@ -4,7 +4,7 @@ import pytest
 import requests
 import responses
 
-from queue_app import net
+from queue_app.providers import net
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.fakes.dns import use_fake_dns
 

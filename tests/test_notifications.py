@@ -9,9 +9,11 @@ import pytest
 from django.utils import timezone
 from py_vapid import Vapid02
 
-from queue_app import crypto, notifications, services, transitions
+from queue_app import notifications, services
+from queue_app.engine import transitions
 from queue_app.models import Job, ProjectEvent, ProjectRun, PushOutbox, PushSubscription, Status, VapidKeys
-from queue_app.queue_service import QueueService
+from queue_app.providers import crypto
+from queue_app.service.loop import QueueService
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.push_service import Device, PushService
 

@@ -15,10 +15,12 @@ import responses
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from queue_app import polling, recovery, services, snapshot, transitions
+from queue_app import services
+from queue_app.engine import snapshot, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers.base import Running
-from queue_app.queue_service import QueueService
+from queue_app.service import poller, recovery
+from queue_app.service.loop import QueueService
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider, png
@@ -89,11 +91,11 @@ def test_a_detached_job_keeps_its_slot_and_is_polled_every_30_seconds(owner, inl
     assert JobAttempt.objects.get(job=job).task_id == "T30"
     t0 = job.task_observed_at
     assert job.next_poll_at == t0 + timedelta(seconds=30)
-    assert polling.poll_once(now=t0 + timedelta(seconds=29)) == 0
-    assert polling.poll_once(now=t0 + timedelta(seconds=30)) == 1
+    assert poller.poll_once(now=t0 + timedelta(seconds=29)) == 0
+    assert poller.poll_once(now=t0 + timedelta(seconds=30)) == 1
     job.refresh_from_db()
     assert job.next_poll_at == t0 + timedelta(seconds=60) and job.poll_claimed_until is None
-    assert polling.poll_once(now=t0 + timedelta(seconds=59)) == 0
+    assert poller.poll_once(now=t0 + timedelta(seconds=59)) == 0
     assert len([c for c in responses.calls if c.request.url == RH_QUERY]) == 1
 
 
@@ -119,11 +121,11 @@ def test_civitai_jobs_are_polled_every_5_seconds_by_the_queue_services_poll_step
 def test_two_pollers_never_claim_the_same_job(owner):
     job = detached(owner, "demo", task_id="demo:x:0")
     now = timezone.now()
-    first, second = polling.claim_due(now=now), polling.claim_due(now=now)
+    first, second = poller.claim_due(now=now), poller.claim_due(now=now)
     assert [row[0] for row in first] == [job.id] and second == []
     # the claim lapses when its poller dies, and another cycle takes the job
-    later = now + timedelta(seconds=polling.POLL_CLAIM_SECONDS + 1)
-    assert [row[0] for row in polling.claim_due(now=later)] == [job.id]
+    later = now + timedelta(seconds=poller.POLL_CLAIM_SECONDS + 1)
+    assert [row[0] for row in poller.claim_due(now=later)] == [job.id]
 
 
 def test_a_slow_provider_does_not_delay_the_others(owner, monkeypatch):
@@ -142,21 +144,21 @@ def test_a_slow_provider_does_not_delay_the_others(owner, monkeypatch):
         def check(task_id, job):
             return Running(progress=0.5)
 
-    monkeypatch.setattr(polling, "adapter_for", lambda family: SlowAdapter if family == "runninghub" else FastAdapter)
-    poller = polling.Poller(parallelism=4)
+    monkeypatch.setattr(poller, "adapter_for", lambda family: SlowAdapter if family == "runninghub" else FastAdapter)
+    pool = poller.Poller(parallelism=4)
     try:
-        assert poller.step() == 2
+        assert pool.step() == 2
         deadline = time.monotonic() + 20
         while Job.objects.get(id=fast.id).progress != 0.5 and time.monotonic() < deadline:
             time.sleep(0.05)
         fast.refresh_from_db()
         slow.refresh_from_db()
         assert fast.progress == 0.5 and fast.poll_claimed_until is None  # applied while the slow one hangs
-        assert slow.poll_claimed_until is not None and poller.inflight() == 1
+        assert slow.poll_claimed_until is not None and pool.inflight() == 1
     finally:
         release.set()
-        poller.wait(timeout=30)
-        poller.close()
+        pool.wait(timeout=30)
+        pool.close()
     assert Job.objects.get(id=slow.id).poll_claimed_until is None
 
 
@@ -172,17 +174,17 @@ def test_a_poll_thread_takes_the_next_due_check_when_its_own_ends(owner, monkeyp
             time.sleep(0.05)
             return Running(progress=0.25)
 
-    monkeypatch.setattr(polling, "adapter_for", lambda family: SlowishAdapter)
-    poller = polling.Poller(parallelism=2, per_provider=2)
+    monkeypatch.setattr(poller, "adapter_for", lambda family: SlowishAdapter)
+    pool = poller.Poller(parallelism=2, per_provider=2)
     try:
-        assert poller.step() == 2  # the only step: two threads for ten due jobs
+        assert pool.step() == 2  # the only step: two threads for ten due jobs
         deadline = time.monotonic() + 20
         while Job.objects.filter(id__in=[job.id for job in jobs], progress=0.25).count() < 10:
             assert time.monotonic() < deadline, "the threads did not refill themselves"
             time.sleep(0.05)
-        poller.wait(timeout=10)
+        pool.wait(timeout=10)
     finally:
-        poller.close()
+        pool.close()
     assert Job.objects.filter(id__in=[job.id for job in jobs], poll_claimed_until__isnull=False).count() == 0
 
 
@@ -191,7 +193,7 @@ def test_a_provider_gets_at_most_half_the_poll_threads(owner):
     for n in range(6):
         detached(owner, "demo", task_id=f"demo:{n}:0", provider=crowded, slot=n)
     other = detached(owner, "demo", task_id="demo:other:0")
-    claimed = polling.claim_due(limit=8, busy={crowded.id: 1}, per_provider=4)
+    claimed = poller.claim_due(limit=8, busy={crowded.id: 1}, per_provider=4)
     assert sorted(row[2] for row in claimed) == [crowded.id] * 3 + [other.active_provider_id]
 
 
@@ -202,7 +204,7 @@ def test_a_provider_gets_at_most_half_the_poll_threads(owner):
 @pytest.mark.parametrize("meanwhile", ["cleared", "retried"])
 def test_a_job_cleared_or_retried_between_claim_and_apply_is_left_alone(owner, inline_tasks, meanwhile):
     job = detached(owner, "runninghub", task_id="T1", model="rhart-image-n-pro/text-to-image")
-    [(job_id, token, _)] = polling.claim_due(now=timezone.now())
+    [(job_id, token, _)] = poller.claim_due(now=timezone.now())
 
     def provider_answers(request):
         # While the HTTP check is in flight, another cycle times the job out and the
@@ -215,7 +217,7 @@ def test_a_job_cleared_or_retried_between_claim_and_apply_is_left_alone(owner, i
         return (200, {}, json.dumps(rh_task(task_id="T1", status="FAILED", code="433", message="bad")))
 
     responses.add_callback(responses.POST, RH_QUERY, callback=provider_answers)
-    assert polling.check_job(job_id, token) == "skipped"
+    assert poller.check_job(job_id, token) == "skipped"
     if meanwhile == "cleared":
         assert not Job.objects.filter(id=job_id).exists()
     else:
@@ -231,7 +233,7 @@ def test_a_layered_result_becomes_a_base_and_16_layers_and_a_retry_overwrites_wi
     job = started(owner, "demo", "demo-layers", inline_tasks, mode="async")
     Job.objects.filter(id=job.id).update(params={"layers": 16})
     Job.objects.filter(id=job.id).update(resolved={**job.resolved, "params": {"layers": 16}})
-    assert job.task_id and polling.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
+    assert job.task_id and poller.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
     inline_tasks.run()  # the collection
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and job.slot is None
@@ -245,7 +247,7 @@ def test_a_layered_result_becomes_a_base_and_16_layers_and_a_retry_overwrites_wi
     Job.objects.filter(id=job.id).update(status=Status.FAILED, task_id="", params={"layers": 5})
     services.jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
-    assert polling.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
+    assert poller.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.COMPLETED
@@ -263,7 +265,7 @@ def test_a_task_without_a_result_fails_after_the_processing_timeout_with_a_reada
     now = timezone.now()
     stuck = detached(owner, "demo", task_id="demo:x:99999999999999", at=now - timedelta(hours=2, seconds=1))
     within = detached(owner, "demo", task_id="demo:y:99999999999999", at=now - timedelta(hours=1, minutes=59))
-    assert polling.poll_once(now=now) == 2
+    assert poller.poll_once(now=now) == 2
     stuck.refresh_from_db()
     within.refresh_from_db()
     assert stuck.status == Status.FAILED and stuck.error_class == "timeout" and stuck.slot is None
@@ -280,7 +282,7 @@ def test_the_recovery_scan_restarts_the_timeout_window(owner):
     recovery.recover()
     job.refresh_from_db()
     assert job.task_observed_at >= now and job.next_poll_at <= timezone.now()
-    assert polling.poll_once(now=timezone.now()) == 1
+    assert poller.poll_once(now=timezone.now()) == 1
     job.refresh_from_db()
     assert job.status == Status.PROCESSING  # still running, no longer over the limit
 
@@ -302,7 +304,7 @@ def test_transient_poll_errors_do_not_fail_the_task(owner, inline_tasks):
     for n, answer in enumerate(answers):
         responses.replace(responses.POST, RH_QUERY, **answer) if n else responses.add(responses.POST, RH_QUERY, **answer)
         now += timedelta(seconds=31)
-        assert polling.poll_once(now=now) == 1
+        assert poller.poll_once(now=now) == 1
         job.refresh_from_db()
         if n < 3:
             assert job.status == Status.PROCESSING and job.poll_failures == n + 1
@@ -316,7 +318,7 @@ def test_transient_poll_errors_do_not_fail_the_task(owner, inline_tasks):
 def test_a_remote_404_for_a_known_task_is_a_dead_task(owner, inline_tasks):
     job = detached(owner, "replicate", task_id="gone1", model="black-forest-labs/flux-schnell")
     responses.add(responses.GET, "https://api.replicate.com/v1/predictions/gone1", status=404, json={"detail": "Not found."})
-    assert polling.poll_once(now=timezone.now()) == 1
+    assert poller.poll_once(now=timezone.now()) == 1
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_class == "permanent" and "404" in job.error and job.task_id == ""
 
@@ -326,7 +328,7 @@ def test_a_rejected_key_while_polling_pauses_the_provider_and_keeps_the_task(own
     job = detached(owner, "replicate", task_id="p401", model="black-forest-labs/flux-schnell")
     url = "https://api.replicate.com/v1/predictions/p401"
     responses.add(responses.GET, url, status=401, json={"title": "Unauthenticated", "detail": "Invalid token."})
-    assert polling.poll_once(now=timezone.now()) == 1
+    assert poller.poll_once(now=timezone.now()) == 1
     job.refresh_from_db()
     provider = job.active_provider
     provider.refresh_from_db()
@@ -339,7 +341,7 @@ def test_a_rejected_key_while_polling_pauses_the_provider_and_keeps_the_task(own
         json=replicate_prediction("succeeded", output=["https://replicate.delivery/x.png"], prediction_id="p401"),
     )
     responses.add(responses.GET, "https://replicate.delivery/x.png", body=png(), content_type="image/png")
-    assert polling.poll_once(now=timezone.now() + timedelta(seconds=31)) == 1
+    assert poller.poll_once(now=timezone.now() + timedelta(seconds=31)) == 1
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and AlbumItem.objects.filter(job=job).count() == 1
@@ -352,11 +354,11 @@ def test_a_provider_that_keeps_refusing_checks_fails_the_job_after_three(owner, 
         responses.GET, "https://api.replicate.com/v1/predictions/p403", status=403, json={"detail": "You do not have access."}
     )
     now = timezone.now()
-    for n in range(1, polling.POLL_REFUSALS_TO_FAIL + 1):
-        assert polling.poll_once(now=now) == 1
+    for n in range(1, poller.POLL_REFUSALS_TO_FAIL + 1):
+        assert poller.poll_once(now=now) == 1
         now += timedelta(seconds=31)
         job.refresh_from_db()
-        if n < polling.POLL_REFUSALS_TO_FAIL:
+        if n < poller.POLL_REFUSALS_TO_FAIL:
             assert job.status == Status.PROCESSING and job.poll_failures == n
     assert job.status == Status.FAILED and job.error_class == "permanent" and job.task_id == ""
     assert job.error.startswith("the provider refused 3 status checks in a row for task p403") and "403" in job.error
@@ -371,7 +373,7 @@ def test_an_output_url_that_redirects_to_a_private_address_fails_the_job_readabl
     prediction = {"id": "p1", "status": "succeeded", "output": [out]}
     responses.add(responses.GET, "https://api.replicate.com/v1/predictions/p1", json=prediction)
     responses.add(responses.GET, out, status=302, headers={"Location": "https://metadata.example/computeMetadata/v1/"})
-    polling.poll_once(now=timezone.now())
+    poller.poll_once(now=timezone.now())
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_class == "local" and "non-public" in job.error
@@ -388,7 +390,7 @@ def test_a_huge_output_is_capped(owner, inline_tasks, settings):
         responses.GET, "https://api.replicate.com/v1/predictions/p2", json={"id": "p2", "status": "succeeded", "output": out}
     )
     responses.add(responses.GET, out, body=b"\0" * 50_000, content_type="image/png")
-    polling.poll_once(now=timezone.now())
+    poller.poll_once(now=timezone.now())
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED and "cap" in job.error

@@ -27,8 +27,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from queue_app import dispatch, polling, recovery, services, transitions
+from queue_app import services
+from queue_app.engine import dispatch, transitions
 from queue_app.models import AlbumItem, Job, ProjectEvent, Provider, Status
+from queue_app.service import poller, recovery
 from tests.conftest import make_project, make_provider, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -207,7 +209,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule()
     def poll(self):
         self.jobs().filter(status=Status.PROCESSING).exclude(task_id="").update(next_poll_at=timezone.now())
-        polling.poll_once(parallelism=1)
+        poller.poll_once(parallelism=1)
 
     @rule()
     def safety_net(self):

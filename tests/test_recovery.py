@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import recovery, services
+from queue_app import services
 from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.service import recovery
 from tests.conftest import make_drafts, make_project, make_provider, status_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,12 +104,12 @@ def test_a_lease_keeper_whose_connection_was_killed_reconnects_and_keeps_renewin
 
     from django.db import connection
 
-    from queue_app import execution
+    from queue_app.worker import execute
 
     settings.LEASE_RENEW_SECONDS = 0.1
     _, _, [job] = claimed(owner)
     token = Job.objects.get(id=job.id).lease_token
-    with execution.LeaseKeeper(job.id, token) as keeper:
+    with execute.LeaseKeeper(job.id, token) as keeper:
         time.sleep(0.3)
         with connection.cursor() as cursor:
             cursor.execute(
@@ -158,7 +159,7 @@ def test_a_connection_killed_after_the_provider_answered_still_records_the_answe
 def test_a_database_error_during_the_start_scan_does_not_take_the_queue_service_down(owner, inline_tasks, monkeypatch):
     from django.db import OperationalError
 
-    from queue_app.queue_service import QueueService
+    from queue_app.service.loop import QueueService
 
     provider, _, [job] = claimed(owner)
     Provider.objects.filter(id=provider.id).update(paused=True)  # keep it pending after healing

@@ -31,9 +31,12 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queue_app import net, outputs, services, tokens
+from queue_app import services
+from queue_app.engine import outputs
 from queue_app.models import AlbumItem, Job, Status
+from queue_app.providers import net
 from queue_app.providers.base import Output, PermanentError
+from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from queue_app import heartbeats
+from queue_app.engine import heartbeats
 from queue_app.models import Job, Status
-from queue_app.status import queue_status
+from queue_app.selectors import queue_status
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import uuid
 import pytest
 from django.db import close_old_connections, connection
 
-from queue_app import transitions
+from queue_app.engine import transitions
 from queue_app.models import Job, ProjectEvent, Status
 from tests.conftest import make_drafts
 
@@ -113,7 +113,7 @@ def test_racing_starts_of_the_same_drafts_move_each_job_once(owner, project, pro
 
 @pytest.mark.postgres
 def test_racing_dispatchers_never_claim_more_than_the_limit(owner, inline_tasks):
-    from queue_app import dispatch
+    from queue_app.engine import dispatch
     from tests.conftest import make_project, make_provider
 
     provider = make_provider(owner, concurrency=3)
@@ -130,7 +130,7 @@ def test_racing_dispatchers_never_claim_more_than_the_limit(owner, inline_tasks)
 
 
 def test_a_hand_off_delivered_twice_is_taken_by_one_worker_only(owner, project, inline_tasks):
-    from queue_app.attempts import attempt_begin
+    from queue_app.engine.attempts import attempt_begin
 
     [job] = make_drafts(project)
     transitions.jobs_to_pending([job.id], from_statuses=(Status.DRAFT,))

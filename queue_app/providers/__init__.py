@@ -45,8 +45,8 @@ def poll_seconds(family: str) -> float:
 def call(request, fn, *args):
     """Call an adapter function (submit or check) so that nothing it reports can carry the
     provider's own key or secret into a stored reason, an event or a log line."""
-    from queue_app.crypto import redact
     from queue_app.providers.base import Failed, ProviderError
+    from queue_app.providers.crypto import redact
 
     secrets = (request.api_key, request.api_secret)
     try:

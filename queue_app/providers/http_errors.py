@@ -23,7 +23,7 @@ from urllib.parse import quote, urlsplit
 import requests
 import urllib3
 
-from queue_app import net
+from queue_app.providers import net
 from queue_app.providers.base import (
     AccountError,
     AmbiguousError,

@@ -19,7 +19,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app import dispatch, heartbeats, runners, transitions
+from queue_app.engine import dispatch, heartbeats, runners, transitions
 from queue_app.models import Job, JobAttempt, Kind, Status
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,10 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from queue_app import failpoints, net, transitions
-from queue_app.attempts import attempt_finish
+from queue_app.engine import failpoints, transitions
+from queue_app.engine.attempts import attempt_finish
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
+from queue_app.providers import net
 from queue_app.providers.base import Output
 
 log = logging.getLogger(__name__)

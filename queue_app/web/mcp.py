@@ -16,7 +16,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import api, services, status, tokens
+from queue_app import selectors, services
+from queue_app.web import api, tokens
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def tool_get_queue_status(user, args: dict) -> dict:
         raise services.ServiceError("breakdown must be none, projects, providers or all")
     limit = args.get("limit")
     limit = api.whole_number(limit, "limit", low=1, high=1000) if limit is not None else None
-    return status.queue_status(user=user, breakdown=breakdown, limit=limit)
+    return selectors.queue_status(user=user, breakdown=breakdown, limit=limit)
 
 
 def tool_clear_failed_jobs(user, args: dict) -> dict:

@@ -5,7 +5,7 @@ takes the job's lease, and finished exactly once: the update matches only a row 
 from django.db import transaction
 from django.utils import timezone
 
-from queue_app import dispatch, transitions
+from queue_app.engine import dispatch, transitions
 from queue_app.models import Job, JobAttempt
 
 

@@ -24,7 +24,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from queue_app import runners, snapshot, transitions
+from queue_app.engine import runners, snapshot, transitions
 from queue_app.models import Job, Kind, Provider, Status
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from queue_app import crypto, events, heartbeats, net, services, status, tokens
+from queue_app import selectors, services
+from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
+from queue_app.providers import crypto, net
 from queue_app.providers.catalogue import CATALOGUE, model_spec
+from queue_app.web import tokens
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
@@ -84,7 +87,7 @@ def album_groups(project: Project) -> tuple[list[dict], int]:
 
 def project_context(request, project: Project) -> dict:
     now = timezone.now()
-    providers = status.visible_providers(request.user)
+    providers = selectors.visible_providers(request.user)
     live = heartbeats.liveness(now=now)
     counts = dict(project.jobs.values_list("status").annotate(n=Count("id")).order_by())
     drafts = list(project.jobs.filter(status=Status.DRAFT).select_related("project").order_by("created_at", "id")[:SECTION_LIMIT])
@@ -100,7 +103,7 @@ def project_context(request, project: Project) -> dict:
         .annotate(order=order)
         .order_by("order", "queued_at", "created_at", "id")[:SECTION_LIMIT]
     )
-    queue = [status.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
+    queue = [selectors.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
     groups, album_total = album_groups(project)
     chosen_model = request.GET.get("model") or project.model
     return {

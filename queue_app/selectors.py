@@ -20,7 +20,7 @@ from django.db.models import BooleanField, Case, Count, Max, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from queue_app import heartbeats, runners
+from queue_app.engine import heartbeats, runners
 from queue_app.models import Job, Project, Provider, Status
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")

@@ -1,6 +1,6 @@
 """The Queue Monitor (/queue/): totals, providers, projects and the job list.
 
-Reads go through the one selector (status.queue_status + status.jobs_page): a constant
+Reads go through the one selector (selectors.queue_status + selectors.jobs_page): a constant
 number of queries whatever the number of jobs, and the job list is paginated. The page
 refreshes its live part by polling `?fragment=1` every few seconds while the tab is
 visible. Actions are POSTs with CSRF that call the same services as the API and admin
@@ -20,7 +20,8 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from queue_app import heartbeats, services, status
+from queue_app import selectors, services
+from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def known_total(summary: dict, filters: dict) -> int | None:
     if filters["model"] or filters["error"] or (filters["provider_id"] and filters["project_id"]):
         return None
     keys = ("pending", "processing", "failed") if state == "active" else (state,)
-    if not all(key in status.COUNT_KEYS for key in keys):
+    if not all(key in selectors.COUNT_KEYS for key in keys):
         return None
     if filters["provider_id"]:
         # a provider row counts processing jobs by the slot they hold and pending ones by
@@ -105,12 +106,12 @@ def known_total(summary: dict, filters: dict) -> int | None:
 def monitor_context(request) -> dict:
     now = timezone.now()
     user = request.user
-    providers = status.visible_providers(user)
+    providers = selectors.visible_providers(user)
     live = heartbeats.liveness(now=now)
-    summary = status.queue_status(user=user, breakdown="all", now=now, providers=providers, live=live)
+    summary = selectors.queue_status(user=user, breakdown="all", now=now, providers=providers, live=live)
     filters = filters_from(request.GET)
     page = _int_or_none(request.GET.get("page")) or 1
-    jobs = status.jobs_page(
+    jobs = selectors.jobs_page(
         user=user,
         page=page,
         per_page=PER_PAGE,

@@ -22,7 +22,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app import events, notifications
+from queue_app import notifications
+from queue_app.engine import events
 from queue_app.models import Job, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
@@ -33,7 +34,7 @@ def _lease_expiry(seconds: float | None = None):
 
 
 def _after_commit_wake(provider_ids=(), project_ids=()):
-    from queue_app import dispatch
+    from queue_app.engine import dispatch
 
     provider_ids = {pid for pid in provider_ids if pid}
     project_ids = {pid for pid in project_ids if pid}

@@ -21,7 +21,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from queue_app import events
+from queue_app.engine import events
 from queue_app.models import EventCounter
 
 log = logging.getLogger(__name__)

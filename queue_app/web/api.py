@@ -20,8 +20,9 @@ from django.http import Http404, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import services, status, tokens
+from queue_app import selectors, services
 from queue_app.models import Project
+from queue_app.web import tokens
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def queue_status_view(request, body):
         return error("breakdown must be none, projects, providers or all", 400)
     limit = request.GET.get("limit")
     limit = whole_number(limit, "limit", low=1, high=1000) if limit not in (None, "") else None
-    return answer(status.queue_status(user=request.user, breakdown=breakdown, limit=limit))
+    return answer(selectors.queue_status(user=request.user, breakdown=breakdown, limit=limit))
 
 
 def failed_action(user, body, *, action: str) -> dict:
@@ -249,7 +250,7 @@ def start_view(request, body, project_id):
 @endpoint("POST")
 def jobs_retry_view(request, body):
     job_ids = uuid_list(body.get("job_ids"))
-    visible = status.visible_jobs(request.user).filter(id__in=job_ids)
+    visible = selectors.visible_jobs(request.user).filter(id__in=job_ids)
     if visible.count() != len(set(job_ids)):
         raise services.ServiceError("job not found", 404)
     owners = set(visible.values_list("owner_id", flat=True))
@@ -265,11 +266,11 @@ def jobs_retry_view(request, body):
 def project_jobs_view(request, body, project_id):
     project = visible_project(request.user, project_id)
     state = request.GET.get("status") or "all"
-    if state not in status.JOB_FILTER_STATES:
-        return error("status must be one of " + ", ".join(status.JOB_FILTER_STATES), 400)
+    if state not in selectors.JOB_FILTER_STATES:
+        return error("status must be one of " + ", ".join(selectors.JOB_FILTER_STATES), 400)
     page = whole_number(request.GET.get("page"), "page", low=1, high=10**9, default=1)
-    per_page = whole_number(request.GET.get("per_page"), "per_page", low=1, high=status.MAX_PER_PAGE, default=50)
-    result = status.jobs_page(
+    per_page = whole_number(request.GET.get("per_page"), "per_page", low=1, high=selectors.MAX_PER_PAGE, default=50)
+    result = selectors.jobs_page(
         user=request.user,
         project_id=project.id,
         state=state,

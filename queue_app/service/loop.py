@@ -25,8 +25,10 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from queue_app import dispatch, heartbeats, notifications, polling, recovery, runners
+from queue_app import notifications
+from queue_app.engine import dispatch, heartbeats, runners
 from queue_app.models import Heartbeat, ProjectEvent
+from queue_app.service import poller, recovery
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class QueueService:
         self.started_at = timezone.now()
         self.last_run: dict[str, float] = {}
         self.stopping = False
-        self.poller: polling.Poller | None = None
+        self.poller: poller.Poller | None = None
         self.push_sender: notifications.Sender | None = None
 
     def due(self, step: str, every: float) -> bool:
@@ -64,7 +66,7 @@ class QueueService:
     def step_poll(self, now=None) -> bool:
         # The checks run on the poller's own threads; this step only claims and starts them.
         if self.poller is None:
-            self.poller = polling.Poller()
+            self.poller = poller.Poller()
         return self.poller.step(now=now) > 0
 
     def step_runners(self) -> bool:

@@ -14,7 +14,7 @@ number of processes at once:
    before this feature, or by a path that does not call `runs_touch`);
 2. close the runs that have settled;
 3. send due outbox rows: claim each with a short compare-and-set, send outside any
-   transaction through pywebpush (its HTTP goes through queue_app.net) on a few threads
+   transaction through pywebpush (its HTTP goes through queue_app.providers.net) on a few threads
    that the step does not wait for, then record the outcome under the claim. A 404/410
    from the push service means the device unsubscribed: its row goes.
 
@@ -43,8 +43,9 @@ from django.utils import timezone
 from py_vapid import Vapid02
 from pywebpush import WebPushException, webpush
 
-from queue_app import crypto, events, failpoints, net
+from queue_app.engine import events, failpoints
 from queue_app.models import Job, Project, ProjectRun, PushOutbox, PushSubscription, Status, VapidKeys
+from queue_app.providers import crypto, net
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def runs_close_settled(*, now=None) -> int:
 
 
 class _NetSession:
-    """What pywebpush needs of a requests session (`post`), routed through queue_app.net:
+    """What pywebpush needs of a requests session (`post`), routed through queue_app.providers.net:
     the SSRF guard on the endpoint, explicit timeouts, a capped response, no redirects."""
 
     def post(self, url, *, data=None, headers=None, timeout=None):

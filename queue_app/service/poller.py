@@ -38,13 +38,15 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queue_app import backoff, events, execution, failpoints, providers, tasks, transitions
-from queue_app.attempts import attempt_begin, attempt_finish
+from queue_app import providers, tasks
+from queue_app.engine import backoff, events, failpoints, transitions
+from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
-from queue_app.snapshot import resolved_job
+from queue_app.worker import execute
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +278,7 @@ def check_job(job_id, token, *, now=None) -> str:
         if isinstance(error, AccountError):
             # The key or the credit, not the task: the owner must act. The task is paid
             # for, so it keeps being checked (a fixed key collects it).
-            execution.pause_for_account(provider, reason)
+            execute.pause_for_account(provider, reason)
         elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
             return _give_up_checking(job, token, reason)
         log.info("poll of job %s failed (%s); will poll again", job.id, reason)
@@ -365,7 +367,7 @@ def collect(job_id, token) -> None:
         return
     provider = job.active_provider
     back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
-    with execution.LeaseKeeper(job.id, token):
+    with execute.LeaseKeeper(job.id, token):
         try:
             request = resolved_job(job, provider)
             state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
@@ -375,7 +377,7 @@ def collect(job_id, token) -> None:
             _fenced(job.id, token).update(**back_to_polling)
             return
         if isinstance(state, Finished):
-            execution.reconnecting_once(execution.collect_outputs, job, token, provider, attempt, state.outputs)
+            execute.reconnecting_once(execute.collect_outputs, job, token, provider, attempt, state.outputs)
         elif isinstance(state, Failed):
             attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
             _apply_failed(job, token, provider, state, record=False)

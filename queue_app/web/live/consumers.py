@@ -22,8 +22,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from queue_app import events, relay
+from queue_app.engine import events
 from queue_app.models import Project, ProjectEvent
+from queue_app.web.live import relay
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,10 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 from django.db.models import F
 from django.db.models.functions import Greatest, Now
 
-from queue_app import backoff, dispatch, failpoints, outputs, providers, transitions
-from queue_app.attempts import attempt_begin, attempt_finish
-from queue_app.crypto import redact
+from queue_app import providers
+from queue_app.engine import backoff, dispatch, failpoints, outputs, transitions
+from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, JobAttempt, Provider, Status
 from queue_app.providers import adapter_for, poll_seconds
 from queue_app.providers.base import (
@@ -39,7 +40,7 @@ from queue_app.providers.base import (
     Submitted,
     TransientError,
 )
-from queue_app.snapshot import resolved_job
+from queue_app.providers.crypto import redact
 
 log = logging.getLogger(__name__)
 
