@@ -376,7 +376,7 @@ def test_an_output_url_that_redirects_to_a_private_address_fails_the_job_readabl
     poller.poll_once(now=timezone.now())
     inline_tasks.run()
     job.refresh_from_db()
-    assert job.status == Status.FAILED and job.error_class == "local" and "non-public" in job.error
+    assert job.status == Status.FAILED and job.error_class == "local" and "address not allowed" in job.error
     assert job.task_id == "p1"  # kept: the provider did its part
     assert not AlbumItem.objects.filter(job=job).exists()
 
