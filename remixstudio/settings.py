@@ -238,7 +238,13 @@ FAILPOINTS = envlist("FAILPOINTS")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # Logs carry ids, states and reasons: the formatter cuts URLs to their host.
+    "formatters": {
+        "plain": {
+            "()": "queue_app.providers.crypto.RedactingFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        }
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
     "loggers": {"django_q": {"level": os.getenv("Q_LOG_LEVEL", "WARNING")}},

@@ -28,6 +28,8 @@ import requests
 import urllib3
 from django.conf import settings
 
+from queue_app.providers.crypto import scrub_urls
+
 CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 120
 MAX_REDIRECTS = 5
@@ -187,7 +189,10 @@ def request(
     max_bytes = max_bytes or settings.OUTBOUND_MAX_BYTES
     for _ in range(MAX_REDIRECTS + 1):
         check_url(url)
-        response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
+        try:
+            response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
+        except requests.RequestException as error:
+            raise _scrubbed(error)
         if response.is_redirect and method.upper() in ("GET", "HEAD"):
             next_url = urljoin(url, response.headers["location"])
             response.close()
@@ -198,6 +203,20 @@ def request(
         _read_capped(response, max_bytes)
         return response
     raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _scrubbed(error: requests.RequestException) -> requests.RequestException:
+    """The same error, its message without the URL's path and query (requests names the
+    whole URL, and a signed download URL is a credential): reasons and logs carry it."""
+    error.args = (scrub_urls(str(error)),)
+    return error
+
+
+def _raise_for_status(response: requests.Response) -> None:
+    try:
+        response.raise_for_status()
+    except requests.HTTPError as error:
+        raise _scrubbed(error)
 
 
 def _read_capped(response: requests.Response, max_bytes: int) -> None:
@@ -219,7 +238,7 @@ def _read_capped(response: requests.Response, max_bytes: int) -> None:
 def download(url: str, *, headers: dict | None = None, max_bytes: int | None = None) -> tuple[bytes, str]:
     """GET an output file: (bytes, content type). Raises for non-2xx answers."""
     response = request("GET", url, headers=headers or {}, max_bytes=max_bytes)
-    response.raise_for_status()
+    _raise_for_status(response)
     return response.content, response.headers.get("content-type", "").split(";")[0].strip()
 
 
@@ -258,6 +277,8 @@ def stream_to_file(
             )
         except requests.Timeout:
             raise Stalled(f"no answer within {idle_timeout:g} s") from None
+        except requests.RequestException as error:
+            raise _scrubbed(error)
         if response.is_redirect:
             next_url = urljoin(url, response.headers["location"])
             if urlsplit(next_url).netloc != urlsplit(url).netloc:
@@ -285,7 +306,7 @@ def stream_to_file(
     timer.start()
     total = 0
     try:
-        response.raise_for_status()
+        _raise_for_status(response)
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_bytes:
             raise TooLarge(f"response of {int(declared)} bytes is over the {max_bytes}-byte cap")
