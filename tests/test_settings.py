@@ -13,7 +13,7 @@ def settings_in_child(**env) -> dict:
         "print(json.dumps({'db': settings.DATABASES['default'], 'q': settings.Q_CLUSTER,"
         " 'layer': settings.CHANNEL_LAYERS['default']['BACKEND']}, default=str))"
     )
-    base = {"DJANGO_SETTINGS_MODULE": "remixstudio.settings", "PATH": "/usr/bin:/bin", "DATABASE_URL": "", "REDIS_URL": ""}
+    base = {"DJANGO_SETTINGS_MODULE": "remixstudio.settings", "PATH": "/usr/bin:/bin", "DATABASE_URL": "", "REDIS_URL": "", "DEBUG": "True"}
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
