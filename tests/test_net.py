@@ -51,9 +51,24 @@ def test_the_default_guard_refuses_a_real_loopback_server():
 
 def test_the_allowlist_lets_tests_reach_their_loopback_fake(settings):
     with FakeAsyncProvider() as fake:
-        settings.OUTBOUND_ALLOWLIST = [fake.host]
+        settings.OUTBOUND_ALLOWLIST = [f"http://{fake.host}"]
         data, content_type = net.download(f"{fake.url}/files/1/0.png")
     assert data.startswith(b"\x89PNG") and content_type == "image/png"
+
+
+def test_an_allowlisted_host_port_is_not_reached_over_plain_http_unless_its_entry_says_so(settings):
+    with FakeAsyncProvider() as fake:
+        settings.OUTBOUND_ALLOWLIST = [fake.host]  # exempt from the private-address guard only
+        with pytest.raises(net.UnsafeURL, match="only https"):
+            net.download(f"{fake.url}/files/1/0.png")
+        assert fake.hits["download"] == 0
+        settings.OUTBOUND_ALLOW_HTTP = True  # plain http everywhere: the operator's choice
+        assert net.download(f"{fake.url}/files/1/0.png")[0].startswith(b"\x89PNG")
+        settings.OUTBOUND_ALLOW_HTTP = False
+        settings.OUTBOUND_ALLOWLIST = [f"http://{fake.host}"]  # plain http to this one only
+        assert net.download(f"{fake.url}/files/1/0.png")[0].startswith(b"\x89PNG")
+        with pytest.raises(net.UnsafeURL, match="only https"):
+            net.check_url("http://example.com/x")
 
 
 @responses.activate
@@ -113,14 +128,14 @@ def test_base_url_overrides_go_through_the_same_guard(settings):
     for url in ("https://169.254.169.254/v1", "http://api.openai.com/v1", "https://internal.example/v1"):
         with pytest.raises(ValueError):
             net.validate_base_url(url)
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1:8999"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1:8999"]
     assert net.validate_base_url("http://127.0.0.1:8999/openapi/v2") == "http://127.0.0.1:8999/openapi/v2"
     with pytest.raises(ValueError):
         net.validate_base_url("http://127.0.0.1:9000/openapi/v2")  # another port is not allowlisted
 
 
 def test_a_connection_failure_is_a_requests_error_not_a_hang(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1:9"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1:9"]
     with pytest.raises(requests.ConnectionError):
         net.request("GET", "http://127.0.0.1:9/", timeout=(2, 2))
 

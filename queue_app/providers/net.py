@@ -2,7 +2,8 @@
 
 - explicit connect/read timeouts on every call;
 - a size cap on every body (streamed, counted, cut off);
-- `https` only unless OUTBOUND_ALLOW_HTTP is set;
+- `https` only unless OUTBOUND_ALLOW_HTTP is set, or the host's OUTBOUND_ALLOWLIST entry is
+  written `http://host[:port]` (an allowlisted `host:port` alone is still https-only);
 - no private, loopback, link-local (cloud metadata) or otherwise non-public addresses,
   checked on every hop of a redirect, unless the host is on OUTBOUND_ALLOWLIST;
 - never retries on its own (a POST to a paid API must not be sent twice by a library);
@@ -43,9 +44,15 @@ class TooLarge(ValueError):
     """The body is over the size cap."""
 
 
-def _allowlisted(host: str, port: int | None) -> bool:
+def _allowlisted(host: str, port: int | None, *, scheme: str = "") -> bool:
+    """Whether `host` (or `host:port`) is on OUTBOUND_ALLOWLIST: exempt from the
+    private-address guard. With `scheme="http"`, whether plain http to it is allowed too:
+    only an entry written `http://host[:port]` allows that (or OUTBOUND_ALLOW_HTTP for all)."""
+    names = {host} | ({f"{host}:{port}"} if port is not None else set())
     allow = settings.OUTBOUND_ALLOWLIST
-    return host in allow or (port is not None and f"{host}:{port}" in allow)
+    if scheme == "http":
+        return any(f"http://{name}" in allow for name in names)
+    return any(name in allow or f"http://{name}" in allow for name in names)
 
 
 # NAT64 (RFC 6052) carries an IPv4 address in its last 32 bits; the local-use prefix
@@ -91,12 +98,11 @@ def check_url(url: str) -> None:
         port = parts.port
     except ValueError:
         raise UnsafeURL(f"bad port in {url[:80]!r}") from None
-    if _allowlisted(host, port):
-        if parts.scheme not in ("http", "https"):
-            raise UnsafeURL(f"scheme {parts.scheme!r} is not allowed")
-        return
-    if parts.scheme != "https" and not (parts.scheme == "http" and settings.OUTBOUND_ALLOW_HTTP):
+    plain_http_allowed = settings.OUTBOUND_ALLOW_HTTP or _allowlisted(host, port, scheme="http")
+    if parts.scheme != "https" and not (parts.scheme == "http" and plain_http_allowed):
         raise UnsafeURL(f"only https URLs are allowed, not {parts.scheme!r}")
+    if _allowlisted(host, port):
+        return
     try:
         addresses = _resolve(host, port or (443 if parts.scheme == "https" else 80))
     except (socket.gaierror, UnicodeError):

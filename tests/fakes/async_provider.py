@@ -11,7 +11,7 @@ It speaks RunningHub's v2 shapes (../shared/providers/runninghub.md):
 Everything it saw is counted, so a test can assert that nothing was submitted twice.
 
 Use it as a context manager; `url` is its base (`http://127.0.0.1:<port>`), so tests put
-`127.0.0.1:<port>` on OUTBOUND_ALLOWLIST.
+`http://127.0.0.1:<port>` on OUTBOUND_ALLOWLIST (`fake.host` is `127.0.0.1:<port>`).
 """
 
 import io
