@@ -12,6 +12,10 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install -q -r requirements.txt
 	@touch $(STAMP)
 
+# Development commands run with DEBUG on (development keys); production sets DEBUG=False
+# with SECRET_KEY and FIELD_ENCRYPTION_KEY (README, Production). `make test` sets its own.
+run migrate lint chaos bench: export DEBUG ?= True
+
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 

@@ -36,6 +36,8 @@ from bench import runner
 
 ROOT = runner.ROOT
 PROMPT = "chaos-job-{n} a lighthouse at dusk, oil on canvas"
+# The run's processes have DEBUG off, which needs a Fernet key of their own.
+FERNET_KEY = "Y2hhb3MtcnVuLWZlcm5ldC1rZXktMzItYnl0ZXMhISE="
 PROMPT_WORDS = "a lighthouse at dusk, oil on canvas"
 HOST = socket.gethostname()
 
@@ -176,6 +178,7 @@ class Chaos:
                 LOG_LEVEL="INFO",
                 DEBUG="False",
                 SECRET_KEY="chaos-run-secret-key-" + "x" * 40,
+                FIELD_ENCRYPTION_KEY=FERNET_KEY,
                 ALLOWED_HOSTS="localhost,127.0.0.1,testserver",
             ),
         )

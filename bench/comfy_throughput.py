@@ -21,7 +21,7 @@ TMP = Path(tempfile.mkdtemp(prefix="comfy-bench-"))
 os.environ.setdefault("VAR_DIR", str(TMP))
 os.environ.setdefault("MEDIA_ROOT", str(TMP / "media"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "remixstudio.settings")
-os.environ["OUTBOUND_ALLOWLIST"] = "127.0.0.1"
+os.environ["OUTBOUND_ALLOWLIST"] = "http://127.0.0.1"  # plain http to the loopback fake only
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 os.environ.setdefault("Q_CLUSTER_NAME", f"comfybench{os.getpid()}")
 

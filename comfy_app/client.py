@@ -18,11 +18,11 @@ import json
 import logging
 import re
 import threading
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
-from queue_app.providers import net
+from queue_app.providers import crypto, net
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,43 @@ class ComfyClient:
         if not self.base_url:
             raise BadAddress("no ComfyUI address is set for this project")
 
+    @property
+    def address(self) -> str:
+        """The address as messages may show it: without credentials in it."""
+        parts = urlsplit(self.base_url)
+        if not (parts.username or parts.password):
+            return self.base_url
+        return parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+
+    def secret_forms(self) -> list[list[str]]:
+        """Every credential of this instance as it could come back in its answers: the
+        password (or bcrypt token), credentials in the address (sent as HTTP Basic), and
+        the session cookie of a form login."""
+        parts = urlsplit(self.base_url)
+        forms = [
+            crypto.secret_forms(secret, username=user)
+            for user, secret in ((self.username, self.password), (parts.username or "", parts.password or ""))
+            if secret
+        ]
+        cookie = _cookies.get(self._cookie_key()) if self.password else None
+        if cookie:
+            forms.append([part.split("=", 1)[-1] for part in cookie.split("; ") if len(part.split("=", 1)[-1]) >= 8])
+        return forms
+
+    def redact(self, value):
+        """`value` (text, or parsed JSON) with this instance's credentials removed: what an
+        instance answers ends up in job errors, the monitor and logs."""
+        forms = self.secret_forms()
+        if not forms:
+            return value
+        if isinstance(value, str):
+            return crypto.redact(value, forms)
+        if isinstance(value, dict):
+            return {key: self.redact(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.redact(item) for item in value]
+        return value
+
     # --- plumbing ---
 
     def _auth_headers(self) -> dict:
@@ -108,7 +145,7 @@ class ComfyClient:
             form["username"] = self.username
         response = self._raw("POST", "/login", data=form)
         if response.status_code >= 400 or not response.cookies:
-            raise AuthFailed(f"ComfyUI refused the login at {self.base_url}/login (HTTP {response.status_code})")
+            raise AuthFailed(f"ComfyUI refused the login at {self.address}/login (HTTP {response.status_code})")
         cookie = "; ".join(f"{name}={value}" for name, value in response.cookies.items())
         # The shared outbound session would replay this cookie to anyone at that address:
         # the session lives here, keyed by (address, password), and is sent explicitly.
@@ -127,15 +164,15 @@ class ComfyClient:
         except net.TooLarge as error:
             raise CheckFailed(str(error)) from None
         except requests.ConnectTimeout:
-            raise Unreachable(f"Cannot reach ComfyUI at {self.base_url} (connection timed out)") from None
+            raise Unreachable(f"Cannot reach ComfyUI at {self.address} (connection timed out)") from None
         except requests.ConnectionError as error:
             text = str(error)
             if any(mark in text for mark in ("NewConnectionError", "NameResolution", "Failed to establish", "refused")):
                 cause = "connection refused" if "refused" in text.lower() else "no connection"
-                raise Unreachable(f"Cannot reach ComfyUI at {self.base_url} ({cause})") from None
-            raise CheckFailed(f"ComfyUI at {self.base_url} dropped the connection") from None
+                raise Unreachable(f"Cannot reach ComfyUI at {self.address} ({cause})") from None
+            raise CheckFailed(f"ComfyUI at {self.address} dropped the connection") from None
         except requests.Timeout:
-            raise CheckFailed(f"ComfyUI at {self.base_url} did not answer in time") from None
+            raise CheckFailed(f"ComfyUI at {self.address} did not answer in time") from None
         except requests.RequestException as error:
             raise CheckFailed(f"ComfyUI request failed: {type(error).__name__}") from None
 
@@ -149,7 +186,7 @@ class ComfyClient:
             response = self._raw(method, path, headers=headers, **kwargs)
         if self._auth_refused(response):
             hint = "check the password" if self.password else "the instance needs a password"
-            raise AuthFailed(f"ComfyUI at {self.base_url} refused access (HTTP {response.status_code}): {hint}")
+            raise AuthFailed(f"ComfyUI at {self.address} refused access (HTTP {response.status_code}): {hint}")
         return response
 
     @staticmethod
@@ -165,7 +202,7 @@ class ComfyClient:
         if response.status_code != 200:
             raise CheckFailed(f"ComfyUI answered HTTP {response.status_code} to {method} {path.split('?')[0]}")
         try:
-            return response.json()
+            return self.redact(response.json())
         except ValueError:
             raise CheckFailed(f"ComfyUI answered {method} {path.split('?')[0]} with something that is not JSON") from None
 
@@ -201,14 +238,14 @@ class ComfyClient:
         )
         if response.status_code == 400:
             try:
-                body = response.json()
+                body = self.redact(response.json())
             except ValueError:
                 body = None
             raise Rejected(describe_rejection(body), body)
         if response.status_code != 200:
             raise CheckFailed(f"ComfyUI answered HTTP {response.status_code} to POST /prompt")
         try:
-            return response.json()
+            return self.redact(response.json())
         except ValueError:
             raise CheckFailed("ComfyUI answered POST /prompt with something that is not JSON") from None
 

@@ -66,9 +66,10 @@ class Listeners:
         url = base_url.replace("http", "ws", 1) + "/ws?clientId=" + quote(client_id)
         while True:
             try:
-                net.check_url(base_url + "/ws")  # the same guard as every other outbound call
                 timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=None)
-                async with aiohttp.ClientSession(timeout=timeout) as session:
+                # The same guard as every other outbound call: URL checked, no redirects,
+                # the connected address checked before the upgrade is sent.
+                async with net.ws_session(timeout=timeout) as session:
                     async with session.ws_connect(url, headers=headers, heartbeat=30, max_msg_size=64 * 1024 * 1024) as socket:
                         async for message in socket:
                             if message.type == aiohttp.WSMsgType.TEXT:

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import os
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -36,9 +37,11 @@ def envlist(name: str, default: str = "") -> list[str]:
 VAR_DIR = Path(os.getenv("VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-DEBUG = envbool("DEBUG", "True")
-# A development key is fine for the embedded default; production sets SECRET_KEY.
-SECRET_KEY = os.getenv("SECRET_KEY", "dev-only-not-secret-" + "remixstudio" * 4)
+# Off unless asked for: `make run` asks (DEBUG=True); a deployment that forgets the
+# variable serves no tracebacks. With DEBUG off, SECRET_KEY and FIELD_ENCRYPTION_KEY are
+# required (below): nothing falls back to a key that is in this file.
+DEBUG = envbool("DEBUG", "False")
+SECRET_KEY = os.getenv("SECRET_KEY", "")
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 SITE_URL = os.getenv("SITE_URL", "http://127.0.0.1:8000")
@@ -53,6 +56,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_q",
+    "axes",
     "queue_app",
     "comfy_app",
 ]
@@ -65,6 +69,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with 429.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "remixstudio.urls"
@@ -162,6 +168,16 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 
 # --- Auth, static, media --------------------------------------------------------------
 
+# Failed logins are throttled per account and address (django-axes, database handler:
+# every process sees the same count): LOGIN_FAILURE_LIMIT failures of one username from one
+# address lock that pair out for LOGIN_LOCKOUT_MINUTES; a success resets the count. Behind
+# a proxy, run daphne with --proxy-headers so the address is the client's, not the proxy's.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=envfloat("LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/projects/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -191,7 +207,35 @@ def derive_fernet_key(secret: str) -> str:
 
 # Production sets FIELD_ENCRYPTION_KEY (a Fernet key); development derives one from
 # SECRET_KEY so the embedded default needs no configuration.
-FIELD_ENCRYPTION_KEY = os.getenv("FIELD_ENCRYPTION_KEY") or derive_fernet_key(SECRET_KEY)
+FIELD_ENCRYPTION_KEY = os.getenv("FIELD_ENCRYPTION_KEY", "")
+
+
+def require_production_secrets() -> None:
+    """With DEBUG off, a missing secret stops start-up here, with what to do about it."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    missing = [name for name, value in (("SECRET_KEY", SECRET_KEY), ("FIELD_ENCRYPTION_KEY", FIELD_ENCRYPTION_KEY)) if not value]
+    if missing:
+        raise ImproperlyConfigured(
+            f"{' and '.join(missing)} must be set when DEBUG is off (production): see the README's Production "
+            "section. For development, set DEBUG=True (make run does) and development keys are used."
+        )
+    try:
+        from cryptography.fernet import Fernet
+
+        Fernet(FIELD_ENCRYPTION_KEY.encode())
+    except ValueError:
+        raise ImproperlyConfigured(
+            "FIELD_ENCRYPTION_KEY is not a Fernet key (32 url-safe base64-encoded bytes): "
+            'python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"'
+        ) from None
+
+
+if DEBUG:
+    SECRET_KEY = SECRET_KEY or "dev-only-not-secret-" + "remixstudio" * 4
+    FIELD_ENCRYPTION_KEY = FIELD_ENCRYPTION_KEY or derive_fernet_key(SECRET_KEY)
+else:
+    require_production_secrets()
 
 # --- The queue ------------------------------------------------------------------------
 
@@ -238,7 +282,13 @@ FAILPOINTS = envlist("FAILPOINTS")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # Logs carry ids, states and reasons: the formatter cuts URLs to their host.
+    "formatters": {
+        "plain": {
+            "()": "queue_app.providers.crypto.RedactingFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        }
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
     "loggers": {"django_q": {"level": os.getenv("Q_LOG_LEVEL", "WARNING")}},

@@ -20,7 +20,7 @@ def recorded(name):
 
 @pytest.fixture
 def allow_loopback(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
 
 
 def test_every_recorded_validation_error_names_its_node_and_input():

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def fake(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
     settings.COMFY_WEBSOCKET = False
     server = FakeComfyUI().start()
     yield server

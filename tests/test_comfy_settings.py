@@ -20,7 +20,7 @@ def comfy_project(owner):
 
 @pytest.fixture
 def fake(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
     server = FakeComfyUI().start()
     yield server
     server.stop()

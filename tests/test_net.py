@@ -51,9 +51,24 @@ def test_the_default_guard_refuses_a_real_loopback_server():
 
 def test_the_allowlist_lets_tests_reach_their_loopback_fake(settings):
     with FakeAsyncProvider() as fake:
-        settings.OUTBOUND_ALLOWLIST = [fake.host]
+        settings.OUTBOUND_ALLOWLIST = [f"http://{fake.host}"]
         data, content_type = net.download(f"{fake.url}/files/1/0.png")
     assert data.startswith(b"\x89PNG") and content_type == "image/png"
+
+
+def test_an_allowlisted_host_port_is_not_reached_over_plain_http_unless_its_entry_says_so(settings):
+    with FakeAsyncProvider() as fake:
+        settings.OUTBOUND_ALLOWLIST = [fake.host]  # exempt from the private-address guard only
+        with pytest.raises(net.UnsafeURL, match="only https"):
+            net.download(f"{fake.url}/files/1/0.png")
+        assert fake.hits["download"] == 0
+        settings.OUTBOUND_ALLOW_HTTP = True  # plain http everywhere: the operator's choice
+        assert net.download(f"{fake.url}/files/1/0.png")[0].startswith(b"\x89PNG")
+        settings.OUTBOUND_ALLOW_HTTP = False
+        settings.OUTBOUND_ALLOWLIST = [f"http://{fake.host}"]  # plain http to this one only
+        assert net.download(f"{fake.url}/files/1/0.png")[0].startswith(b"\x89PNG")
+        with pytest.raises(net.UnsafeURL, match="only https"):
+            net.check_url("http://example.com/x")
 
 
 @responses.activate
@@ -113,14 +128,14 @@ def test_base_url_overrides_go_through_the_same_guard(settings):
     for url in ("https://169.254.169.254/v1", "http://api.openai.com/v1", "https://internal.example/v1"):
         with pytest.raises(ValueError):
             net.validate_base_url(url)
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1:8999"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1:8999"]
     assert net.validate_base_url("http://127.0.0.1:8999/openapi/v2") == "http://127.0.0.1:8999/openapi/v2"
     with pytest.raises(ValueError):
         net.validate_base_url("http://127.0.0.1:9000/openapi/v2")  # another port is not allowlisted
 
 
 def test_a_connection_failure_is_a_requests_error_not_a_hang(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1:9"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1:9"]
     with pytest.raises(requests.ConnectionError):
         net.request("GET", "http://127.0.0.1:9/", timeout=(2, 2))
 
@@ -140,8 +155,136 @@ def test_a_name_that_rebinds_to_loopback_after_the_check_is_refused_at_the_conne
     with FakeAsyncProvider() as fake:
         url = f"http://rebind.example:{fake.port}/files/1/0.png"
         net.check_url(url)  # the check alone is fooled: the fake resolver says public
-        with pytest.raises(net.UnsafeURL, match="non-public address"):
+        with pytest.raises(net.UnsafeURL, match="address not allowed"):
             net.request("GET", url)
         assert fake.hits["download"] == 0
         settings.OUTBOUND_ALLOWLIST = ["rebind.example"]  # an allowed name may be private
         assert net.request("GET", url).content.startswith(b"\x89PNG")
+
+
+# --- IPv4 inside IPv6, and what a refusal says ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::ffff:10.0.0.1",  # IPv4-mapped
+        "::ffff:169.254.169.254",
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a9fe:a9fe",  # NAT64 of the metadata address
+        "64:ff9b:1::808:808",  # local-use NAT64: the operator's own network
+        "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+        "2002:a00:1::",  # 6to4 of 10.0.0.1
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "::127.0.0.1",  # IPv4-compatible (deprecated)
+        "::8.8.8.8",
+        "fe80::1%eth0",  # link-local with a zone
+        "ff02::1",  # multicast
+        "::",
+    ],
+)
+def test_ipv6_forms_that_carry_a_private_ipv4_address_are_refused(address):
+    assert not net._public(address)
+    with pytest.raises(net.UnsafeURL, match="address not allowed"):
+        net.check_url(f"https://[{address.split('%')[0]}]/x")
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::808:808", "2002:808:808::1", "::ffff:8.8.8.8", "2606:4700::1111"])
+def test_ipv6_forms_of_a_public_address_stay_allowed(address):
+    assert net._public(address)
+
+
+def test_a_refusal_does_not_say_what_a_name_resolved_to(monkeypatch):
+    monkeypatch.setattr("queue_app.providers.net._resolve", lambda host, port: ["93.184.216.34", "10.20.30.40"])
+    with pytest.raises(net.UnsafeURL) as refused:
+        net.check_url("https://mixed.example/x")
+    assert "address not allowed" in str(refused.value) and "10.20.30.40" not in str(refused.value)
+
+
+# --- WebSockets: the ComfyUI listener -------------------------------------------------------
+
+
+class _Counting:
+    """A TCP listener that counts the connections it accepts (and answers nothing useful)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.accepted = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def _listen_briefly(base_url: str, seconds: float = 2.0) -> None:
+    import time
+
+    from comfy_app import client as comfy
+    from comfy_app.ws import Listeners
+
+    listeners = Listeners(on_event=lambda instance_id: None)
+    try:
+        listeners.ensure(1, base_url, "client-1", comfy.ComfyClient(base_url))
+        time.sleep(seconds)
+    finally:
+        listeners.stop_all()
+
+
+def test_the_comfyui_socket_does_not_follow_a_redirect_to_an_unchecked_address(settings):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    inside = _Counting()
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{inside.port}/ws?clientId=client-1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings.OUTBOUND_ALLOWLIST = [f"127.0.0.1:{server.server_address[1]}"]  # the instance only
+        settings.OUTBOUND_ALLOW_HTTP = True
+        _listen_briefly(f"http://127.0.0.1:{server.server_address[1]}")
+        assert inside.accepted == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        inside.close()
+
+
+def test_the_comfyui_socket_checks_the_address_it_connects_to(monkeypatch, settings):
+    """The check resolves `localhost` to a public address (the fake resolver); the
+    connection itself reaches loopback: refused before the upgrade is sent."""
+    inside = _Counting()
+    monkeypatch.setattr("queue_app.providers.net._resolve", lambda host, port: ["93.184.216.34"])
+    try:
+        settings.OUTBOUND_ALLOW_HTTP = True
+        _listen_briefly(f"http://localhost:{inside.port}")
+        assert inside.accepted == 0
+        settings.OUTBOUND_ALLOWLIST = [f"localhost:{inside.port}"]  # an allowed host may be private
+        _listen_briefly(f"http://localhost:{inside.port}", seconds=1.0)
+        assert inside.accepted >= 1
+    finally:
+        inside.close()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def push_service(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
     settings.PUSH_SETTLE_SECONDS = 5
     with PushService() as service:
         yield service

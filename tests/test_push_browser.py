@@ -63,7 +63,7 @@ def chromium():
 
 @pytest.fixture
 def web(settings, tmp_path):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]  # the web process may call the loopback push service
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]  # the web process may call the loopback push service
     proc = procs.daphne(tmp_path / "logs", REDIS_URL="")
     try:
         yield proc

@@ -18,7 +18,7 @@ SETTLE = 1
 
 @pytest.fixture
 def push_service(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]  # handed to the child processes by procs
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]  # handed to the child processes by procs
     with PushService() as service:
         yield service
 

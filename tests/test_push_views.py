@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def push_service(settings):
-    settings.OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
     with PushService() as service:
         yield service
 

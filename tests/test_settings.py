@@ -14,6 +14,7 @@ def settings_in_child(**env) -> dict:
         " 'layer': settings.CHANNEL_LAYERS['default']['BACKEND']}, default=str))"
     )
     base = {"DJANGO_SETTINGS_MODULE": "remixstudio.settings", "PATH": "/usr/bin:/bin", "DATABASE_URL": "", "REDIS_URL": ""}
+    base["DEBUG"] = "True"  # development keys; these tests are about the database and broker
     out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

@@ -14,6 +14,7 @@
 Lock order everywhere: provider row, then job rows, then project rows (events).
 """
 
+import itertools
 import logging
 import os
 import socket
@@ -104,10 +105,13 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
             # After the limit was lowered, running work may sit in slots above it: the
             # count of held slots caps the claims, not only which low numbers are free.
             room = provider.concurrency - len(used)
-            free = [slot for slot in range(provider.concurrency) if slot not in used][: max(0, room)]
-            if not free:
+            if room <= 0:
                 return []
-            candidates = list(dispatchable_jobs(provider_id).select_related("project")[: len(free)])
+            # Real rows first, then as many free slot numbers as there are candidates: the
+            # cost under the lock follows the jobs, never the configured number (a
+            # concurrency of millions must not build a list of millions here).
+            candidates = list(dispatchable_jobs(provider_id).select_related("project")[:room])
+            free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
             for job, slot in zip(candidates, free, strict=False):
                 token = transitions.job_claim(
                     job, provider_id=provider_id, slot=slot, snapshot=snapshot.build(job, job.project, provider), owner=""

@@ -10,6 +10,7 @@ A worker that lost the job (healed, cleared, retried) matches no row at step 2 a
 writes nothing: no file, no album item. Writing the same output again overwrites it.
 """
 
+import dataclasses
 import hashlib
 import io
 import logging
@@ -23,30 +24,13 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from queue_app.engine import failpoints, transitions
+from queue_app.engine import failpoints, media, transitions
 from queue_app.engine.attempts import attempt_finish
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
 log = logging.getLogger(__name__)
-
-EXTENSIONS = {
-    "image/png": "png",
-    "image/jpeg": "jpg",
-    "image/webp": "webp",
-    "image/gif": "gif",
-    "video/mp4": "mp4",
-    "video/webm": "webm",
-    "video/quicktime": "mov",
-    "audio/wav": "wav",
-    "audio/x-wav": "wav",
-    "audio/mpeg": "mp3",
-    "audio/mp4": "m4a",
-    "audio/ogg": "ogg",
-    "audio/flac": "flac",
-    "text/plain": "txt",
-}
 
 
 class QuotaExceeded(Exception):
@@ -107,32 +91,38 @@ def _write_tmp(data: bytes) -> Path:
 
 
 def prepare(job: Job, index: int, output: Output) -> Prepared:
-    if output.kind == "text":
+    """Fetch one output and write it under a temporary name. Its media type is read from
+    its bytes (engine/media.py), never taken from the remote server: media.NotMedia for a
+    file the album cannot show."""
+    if output.kind == "text" and output.data is None and not output.url:
         text = output.text or ""
         encoded = text.encode()
         return Prepared(output, None, "", len(encoded), hashlib.sha256(encoded).hexdigest(), "text/plain", None, None)
-    data, content_type = output.data, output.content_type
+    data = output.data
     if data is None:
         if not output.url:
             raise ValueError(f"output {index} has neither data nor a URL")
-        data, served_type = net.download(output.url, headers=output.headers)
-        content_type = content_type or served_type
-    content_type = content_type or "application/octet-stream"
-    ext = EXTENSIONS.get(content_type, "bin")
+        data, _ = net.download(output.url, headers=output.headers)
+    try:
+        content_type = media.sniff(data, text_allowed=output.kind == "text")
+    except media.NotMedia as error:
+        raise media.NotMedia(f"output {index} is {error}") from None
+    if content_type == "text/plain":  # a text output fetched from a URL: kept as text, like any other
+        return prepare(job, index, dataclasses.replace(output, data=None, url=None, text=data.decode("utf-8")))
     width, height = output.width, output.height
     if width is None:
         width, height = _dimensions(data, content_type)
     prepared = Prepared(
         output=output,
         tmp_path=_write_tmp(data),
-        name=f"album/{job.project_id}/{job.id}-{index}.{ext}",
+        name=f"album/{job.project_id}/{job.id}-{index}.{media.ALBUM_TYPES[content_type]}",
         size=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
         content_type=content_type,
         width=width,
         height=height,
     )
-    poster = output.poster or _fetch_poster(output)
+    poster = media.jpeg_poster(output.poster or _fetch_poster(output) or b"")
     if poster:
         prepared.poster_tmp = _write_tmp(poster)
         prepared.poster_name = f"album/{job.project_id}/{job.id}-{index}.poster.jpg"
@@ -186,7 +176,7 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
 
 
 def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
-    media = Path(settings.MEDIA_ROOT)
+    media_root = Path(settings.MEDIA_ROOT)
     replaced_files = []
     with transaction.atomic():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
@@ -206,11 +196,11 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
         existing = {item.output_index: item for item in AlbumItem.objects.filter(job_id=job.id)}
         for index, item in enumerate(prepared):
             if item.tmp_path is not None:
-                (media / item.name).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(item.tmp_path, media / item.name)
+                (media_root / item.name).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(item.tmp_path, media_root / item.name)
                 item.tmp_path = None
             if item.poster_tmp is not None:
-                os.replace(item.poster_tmp, media / item.poster_name)
+                os.replace(item.poster_tmp, media_root / item.poster_name)
                 item.poster_tmp = None
             old = existing.get(index)
             if old is not None:
@@ -222,7 +212,8 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
                 project_id=job.project_id,
                 owner_id=job.owner_id,
                 role=item.output.role,
-                kind=item.output.kind,
+                # What the bytes are, not what the provider called them.
+                kind=media.kind_of(item.content_type) if item.name else item.output.kind,
                 file=item.name,
                 poster=item.poster_name,
                 text=item.output.text or "",

@@ -21,9 +21,10 @@ number of processes at once:
 Lock order (PostgreSQL): a run row before the project's event counter, both in
 `runs_touch` (jobs_to_pending) and in `run_close`, so the two never deadlock.
 
-A duplicate after a crash in the middle of an HTTP send is possible (at-least-once), but
-invisible: every notification of a project carries the same tag and Topic, so a second
-copy replaces the first instead of stacking.
+A duplicate after a crash in the middle of an HTTP send is possible (at-least-once): the
+claim is retaken SEND_CLAIM_SECONDS later (the send timeout and a margin), and the service
+worker shows a run's notification once — a second copy with the same tag and run id is
+dropped, so the user sees one alert.
 """
 
 import base64
@@ -36,6 +37,7 @@ from functools import lru_cache
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q
@@ -53,7 +55,13 @@ ACTIVE = (Status.PENDING, Status.PROCESSING)
 # A push message waits this long at the push service for a device that is offline.
 TTL_SECONDS = 12 * 3600
 SEND_TIMEOUT = (5, 10)
-SEND_CLAIM_SECONDS = 60
+# A claim outlives the longest a send can take (connect + read timeouts, and a margin for
+# the encryption and the write): a sender killed mid-send leaves its rows to another one
+# this long after, not a minute later. (A push service may have delivered the first copy:
+# the service worker shows a run's notification once.)
+SEND_CLAIM_SECONDS = sum(SEND_TIMEOUT) + 5
+# A push service's Retry-After is honoured up to this long.
+RETRY_AFTER_CAP_SECONDS = 3600
 SEND_MAX_ATTEMPTS = 5
 SEND_PARALLELISM = 4
 SEND_BATCH = 50
@@ -259,12 +267,17 @@ def endpoint_host(endpoint: str) -> str:
 def push_send(subscription: PushSubscription, payload: dict, *, private_key: str | None = None) -> str:
     """Send one message to one device. Returns sent | gone (404/410: unsubscribed) |
     retry (network, 429, 5xx) | failed (anything else: a bad endpoint or request)."""
+    return _push(subscription, payload, private_key=private_key)[0]
+
+
+def _push(subscription: PushSubscription, payload: dict, *, private_key: str | None = None) -> tuple[str, float | None]:
+    """push_send's outcome, and the push service's Retry-After (seconds) on a 429."""
     host = endpoint_host(subscription.endpoint)
     try:
         net.check_url(subscription.endpoint)
     except net.UnsafeURL as error:
         log.warning("push to subscription %s refused: %s", subscription.id, str(error).replace(subscription.endpoint, host))
-        return "failed"
+        return "failed", None
     private = private_key or vapid_keys()[1]
     topic = str(payload.get("tag", ""))[:32]
     try:
@@ -281,14 +294,18 @@ def push_send(subscription: PushSubscription, payload: dict, *, private_key: str
     except WebPushException as error:
         status = error.response.status_code if error.response is not None else None
         if status in (404, 410):
-            return "gone"
+            return "gone", None
         log.warning("push to subscription %s at %s failed: HTTP %s", subscription.id, host, status)
-        return "retry" if status is None or status == 429 or status >= 500 else "failed"
+        if status == 429:
+            from queue_app.providers.http_errors import retry_delay
+
+            return "retry", retry_delay(error.response.headers)
+        return ("retry" if status is None or status >= 500 else "failed"), None
     except Exception as error:  # network errors, timeouts, a bad key: never the endpoint's path
         log.warning("push to subscription %s at %s failed: %s", subscription.id, host, type(error).__name__)
         # requests' errors (connection, timeout) are OSErrors: worth another try
-        return "retry" if isinstance(error, OSError) else "failed"
-    return "sent"
+        return ("retry" if isinstance(error, OSError) else "failed"), None
+    return "sent", None
 
 
 def outbox_claim(*, now, limit: int = SEND_BATCH) -> tuple[list[int], object]:
@@ -310,9 +327,10 @@ def outbox_claim(*, now, limit: int = SEND_BATCH) -> tuple[list[int], object]:
     return claimed, until
 
 
-def outbox_record(row: PushOutbox, outcome: str, *, until) -> None:
+def outbox_record(row: PushOutbox, outcome: str, *, until, retry_after: float | None = None) -> None:
     """Write a send's outcome, only while our claim holds (a sender whose claim expired and
-    was taken over writes nothing)."""
+    was taken over writes nothing). A retry waits the push service's Retry-After when it
+    gave one (up to an hour), else our own backoff."""
     done = timezone.now()
     mine = PushOutbox.objects.filter(id=row.id, outcome="", claimed_until=until)
     if outcome == "sent":
@@ -323,15 +341,16 @@ def outbox_record(row: PushOutbox, outcome: str, *, until) -> None:
         PushSubscription.objects.filter(id=row.subscription_id).delete()
         log.info("push subscription %s is gone; deleted", row.subscription_id)
     elif outcome == "retry" and row.attempts < SEND_MAX_ATTEMPTS:
-        mine.update(claimed_until=None, next_try_at=done + timedelta(seconds=min(300, 5 * 2**row.attempts)))
+        delay = min(RETRY_AFTER_CAP_SECONDS, retry_after) if retry_after else min(300, 5 * 2**row.attempts)
+        mine.update(claimed_until=None, next_try_at=done + timedelta(seconds=delay))
     else:
         mine.update(outcome="failed", claimed_until=None)
 
 
 def _send_and_record(row: PushOutbox, until, private_key: str) -> str:
     try:
-        outcome = push_send(row.subscription, row.payload, private_key=private_key)
-        outbox_record(row, outcome, until=until)
+        outcome, retry_after = _push(row.subscription, row.payload, private_key=private_key)
+        outbox_record(row, outcome, until=until, retry_after=retry_after)
         return outcome
     except Exception:
         log.exception("push outbox row %s: sending failed", row.id)
@@ -424,6 +443,10 @@ def subscription_save(*, user, endpoint: str, p256dh: str, auth: str, user_agent
         raise BadSubscription("the subscription keys are not base64url")
     if len(key) != 65 or key[0] != 4 or len(secret) < 16 or len(p256dh) > 256 or len(auth) > 256:
         raise BadSubscription("the subscription keys have the wrong shape")
+    try:  # a point on P-256, or every send to it fails in the encryption
+        ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key)
+    except ValueError:
+        raise BadSubscription("the subscription key is not a P-256 public key")
     subscription, _ = PushSubscription.objects.update_or_create(
         endpoint=endpoint, defaults={"user": user, "p256dh": p256dh, "auth": auth, "user_agent": user_agent[:300]}
     )

@@ -2,7 +2,8 @@
 
 - explicit connect/read timeouts on every call;
 - a size cap on every body (streamed, counted, cut off);
-- `https` only unless OUTBOUND_ALLOW_HTTP is set;
+- `https` only unless OUTBOUND_ALLOW_HTTP is set, or the host's OUTBOUND_ALLOWLIST entry is
+  written `http://host[:port]` (an allowlisted `host:port` alone is still https-only);
 - no private, loopback, link-local (cloud metadata) or otherwise non-public addresses,
   checked on every hop of a redirect, unless the host is on OUTBOUND_ALLOWLIST;
 - never retries on its own (a POST to a paid API must not be sent twice by a library);
@@ -11,8 +12,15 @@
 - the address a connection actually reached is checked again once the socket is open,
   before a byte is sent: a name that answers the check with a public address and the
   connection with a private one (DNS rebinding) is refused there.
+- IPv6 forms that carry an IPv4 address (mapped, NAT64, 6to4, Teredo, IPv4-compatible)
+  are judged by the IPv4 address inside, or refused outright where no public use exists;
+- a refusal says "address not allowed" and never what a name resolved to (that would
+  map the inside of the network for whoever typed the name);
+- WebSockets (the ComfyUI runner's listener, aiohttp) go through `ws_session`: the same
+  URL check, no redirects, and the address each socket connects to checked first.
 """
 
+import contextvars
 import ipaddress
 import socket
 from urllib.parse import urljoin, urlsplit
@@ -20,6 +28,8 @@ from urllib.parse import urljoin, urlsplit
 import requests
 import urllib3
 from django.conf import settings
+
+from queue_app.providers.crypto import scrub_urls
 
 CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 120
@@ -34,15 +44,41 @@ class TooLarge(ValueError):
     """The body is over the size cap."""
 
 
-def _allowlisted(host: str, port: int | None) -> bool:
+def _allowlisted(host: str, port: int | None, *, scheme: str = "") -> bool:
+    """Whether `host` (or `host:port`) is on OUTBOUND_ALLOWLIST: exempt from the
+    private-address guard. With `scheme="http"`, whether plain http to it is allowed too:
+    only an entry written `http://host[:port]` allows that (or OUTBOUND_ALLOW_HTTP for all)."""
+    names = {host} | ({f"{host}:{port}"} if port is not None else set())
     allow = settings.OUTBOUND_ALLOWLIST
-    return host in allow or (port is not None and f"{host}:{port}" in allow)
+    if scheme == "http":
+        return any(f"http://{name}" in allow for name in names)
+    return any(name in allow or f"http://{name}" in allow for name in names)
+
+
+# NAT64 (RFC 6052) carries an IPv4 address in its last 32 bits; the local-use prefix
+# (RFC 8215) translates to whatever the operator's network holds: never public.
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 
 
 def _public(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if ip.version == 6 and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+    """Whether `address` is a global unicast address. An IPv6 address that embeds an IPv4
+    one is judged by that IPv4 address (Python's `is_global` calls ::127.0.0.1 and
+    2002:7f00:1:: global): mapped, NAT64 and 6to4 by the address inside; Teredo,
+    IPv4-compatible (::a.b.c.d, deprecated) and local-use NAT64 are refused outright."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if ip.version == 6:
+        if ip.ipv4_mapped:
+            ip = ip.ipv4_mapped
+        elif int(ip) >> 32 == 0 or ip.teredo or ip in NAT64_LOCAL:
+            return False
+        elif ip in NAT64:
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        elif ip.sixtofour:
+            ip = ip.sixtofour
     return ip.is_global and not ip.is_multicast
 
 
@@ -62,21 +98,19 @@ def check_url(url: str) -> None:
         port = parts.port
     except ValueError:
         raise UnsafeURL(f"bad port in {url[:80]!r}") from None
-    if _allowlisted(host, port):
-        if parts.scheme not in ("http", "https"):
-            raise UnsafeURL(f"scheme {parts.scheme!r} is not allowed")
-        return
-    if parts.scheme != "https" and not (parts.scheme == "http" and settings.OUTBOUND_ALLOW_HTTP):
+    plain_http_allowed = settings.OUTBOUND_ALLOW_HTTP or _allowlisted(host, port, scheme="http")
+    if parts.scheme != "https" and not (parts.scheme == "http" and plain_http_allowed):
         raise UnsafeURL(f"only https URLs are allowed, not {parts.scheme!r}")
+    if _allowlisted(host, port):
+        return
     try:
         addresses = _resolve(host, port or (443 if parts.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError) as exc:
-        raise UnsafeURL(f"cannot resolve {host!r}: {exc}") from None
+    except (socket.gaierror, UnicodeError):
+        raise UnsafeURL(f"cannot resolve {host!r}") from None
     if not addresses:
         raise UnsafeURL(f"cannot resolve {host!r}")
-    for address in addresses:
-        if not _public(address):
-            raise UnsafeURL(f"{host!r} resolves to a non-public address ({address})")
+    if not all(_public(address) for address in addresses):
+        raise UnsafeURL(f"address not allowed: {host!r} is not a public address")
 
 
 def validate_base_url(url: str) -> str:
@@ -95,7 +129,7 @@ def _check_peer(host: str, port: int | None, sock) -> None:
     address = sock.getpeername()[0]
     if not _public(address):
         sock.close()
-        raise UnsafeURL(f"{host!r} connected to a non-public address ({address})")
+        raise UnsafeURL(f"address not allowed: {host!r} connected to an address that is not public")
 
 
 class _GuardedHTTPConnection(urllib3.connection.HTTPConnection):
@@ -161,7 +195,10 @@ def request(
     max_bytes = max_bytes or settings.OUTBOUND_MAX_BYTES
     for _ in range(MAX_REDIRECTS + 1):
         check_url(url)
-        response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
+        try:
+            response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
+        except requests.RequestException as error:
+            raise _scrubbed(error)
         if response.is_redirect and method.upper() in ("GET", "HEAD"):
             next_url = urljoin(url, response.headers["location"])
             response.close()
@@ -172,6 +209,20 @@ def request(
         _read_capped(response, max_bytes)
         return response
     raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _scrubbed(error: requests.RequestException) -> requests.RequestException:
+    """The same error, its message without the URL's path and query (requests names the
+    whole URL, and a signed download URL is a credential): reasons and logs carry it."""
+    error.args = (scrub_urls(str(error)),)
+    return error
+
+
+def _raise_for_status(response: requests.Response) -> None:
+    try:
+        response.raise_for_status()
+    except requests.HTTPError as error:
+        raise _scrubbed(error)
 
 
 def _read_capped(response: requests.Response, max_bytes: int) -> None:
@@ -193,7 +244,7 @@ def _read_capped(response: requests.Response, max_bytes: int) -> None:
 def download(url: str, *, headers: dict | None = None, max_bytes: int | None = None) -> tuple[bytes, str]:
     """GET an output file: (bytes, content type). Raises for non-2xx answers."""
     response = request("GET", url, headers=headers or {}, max_bytes=max_bytes)
-    response.raise_for_status()
+    _raise_for_status(response)
     return response.content, response.headers.get("content-type", "").split(";")[0].strip()
 
 
@@ -232,6 +283,8 @@ def stream_to_file(
             )
         except requests.Timeout:
             raise Stalled(f"no answer within {idle_timeout:g} s") from None
+        except requests.RequestException as error:
+            raise _scrubbed(error)
         if response.is_redirect:
             next_url = urljoin(url, response.headers["location"])
             if urlsplit(next_url).netloc != urlsplit(url).netloc:
@@ -259,7 +312,7 @@ def stream_to_file(
     timer.start()
     total = 0
     try:
-        response.raise_for_status()
+        _raise_for_status(response)
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_bytes:
             raise TooLarge(f"response of {int(declared)} bytes is over the {max_bytes}-byte cap")
@@ -289,3 +342,45 @@ def stream_to_file(
         timer.cancel()
         response.close()
     return total, response.headers.get("content-type", "").split(";")[0].strip()
+
+
+# --- WebSockets (aiohttp) -------------------------------------------------------------------
+
+# Whether the host of the connection being opened is on OUTBOUND_ALLOWLIST: set by the
+# request's start (per task), read by the socket factory, which sees only an address.
+_ws_host_allowed = contextvars.ContextVar("ws_host_allowed", default=False)
+
+
+async def _ws_request_start(session, context, params) -> None:
+    url = params.url
+    http_url = str(url.with_scheme({"ws": "http", "wss": "https"}.get(url.scheme, url.scheme)))
+    check_url(http_url)
+    _ws_host_allowed.set(_allowlisted((url.host or "").lower(), url.port))
+
+
+async def _ws_redirect(session, context, params) -> None:
+    # ComfyUI never redirects its socket but to a login page; anywhere else is not ours to go.
+    raise UnsafeURL("address not allowed: the WebSocket answered with a redirect, which is not followed")
+
+
+def _ws_socket(addr_info):
+    """aiohttp's socket factory: the address about to be connected to must be public,
+    unless the request's host is allowlisted (checked before the connect, so nothing is
+    sent to an address the name rebound to)."""
+    family, type_, proto, _, address = addr_info
+    if not _ws_host_allowed.get() and not _public(address[0]):
+        raise UnsafeURL("address not allowed: the WebSocket host is not a public address")
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
+def ws_session(**kwargs):
+    """An aiohttp ClientSession under this module's rules, for `ws_connect`: the URL checked
+    like any other, redirects refused, and each socket's address checked before it
+    connects. No proxies or .netrc from the environment."""
+    import aiohttp
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(_ws_request_start)
+    trace.on_request_redirect.append(_ws_redirect)
+    connector = aiohttp.TCPConnector(socket_factory=_ws_socket)
+    return aiohttp.ClientSession(connector=connector, trace_configs=[trace], trust_env=False, **kwargs)

@@ -15,7 +15,7 @@ from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
 from queue_app.providers import crypto, net
 from queue_app.providers.catalogue import CATALOGUE, model_spec
-from queue_app.web import tokens
+from queue_app.web import album_files, tokens
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
@@ -310,11 +310,12 @@ def album_file(request, item_id, variant="file"):
     """An album item's file, for its owner only (album files are never public URLs)."""
     item = own(AlbumItem, request.user, id=item_id)
     if item.kind == AlbumItem.ItemKind.TEXT:
-        return HttpResponse(item.text, content_type="text/plain; charset=utf-8")
+        return album_files.harden(HttpResponse(item.text), "text/plain")
     field = item.poster if variant == "poster" else item.file
     if not field:
         raise Http404("no file")
-    return FileResponse(field.open("rb"), content_type=item.content_type if variant == "file" else "image/jpeg")
+    content_type = item.content_type if variant == "file" else "image/jpeg"
+    return album_files.harden(FileResponse(field.open("rb")), content_type, filename=f"album-{item.id}")
 
 
 # --- Account ----------------------------------------------------------------------------

@@ -28,10 +28,26 @@ self.addEventListener("push", (event) => {
     // One notification per project: a newer finish replaces the older one.
     tag: data.tag || "remix-studio",
     renotify: true,
-    data: { url: sameOriginUrl(data.url) },
+    data: { url: sameOriginUrl(data.url), run: data.run },
   };
-  event.waitUntil(self.registration.showNotification(title, options));
+  event.waitUntil(showOnce(title, options));
 });
+
+// A run's notification is shown once. The server sends at least once (a sender killed
+// mid-send sends again), so a copy of one already shown — same tag and run id, whether
+// it is still on screen or was dismissed — is dropped instead of alerting twice.
+const SHOWN = "rsq-shown-runs";
+
+async function showOnce(title, options) {
+  const run = options.data.run;
+  if (run === undefined || run === null) return self.registration.showNotification(title, options);
+  const key = new Request(`${self.location.origin}/__shown__/${encodeURIComponent(options.tag)}/${encodeURIComponent(run)}`);
+  const onScreen = await self.registration.getNotifications({ tag: options.tag });
+  const shown = await caches.open(SHOWN);
+  if (onScreen.some((n) => n.data && n.data.run === run) || (await shown.match(key))) return;
+  await shown.put(key, new Response("1"));
+  return self.registration.showNotification(title, options);
+}
 
 self.addEventListener("notificationclick", (event) => {
   event.notification.close();

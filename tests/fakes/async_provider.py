@@ -5,11 +5,13 @@ It speaks RunningHub's v2 shapes (../shared/providers/runninghub.md):
 - `POST /openapi/v2/query` → RUNNING for `polls_before_done` queries, then SUCCESS with one
   `results[]` entry per output (a composite and `layers` layers), or FAILED with
   `fail_code`;
-- `GET /files/{task}/{n}.png` → a real PNG (the outputs are downloaded from here).
+- `GET /files/{task}/{n}.png` → a real PNG (the outputs are downloaded from here), or the
+  `file=(bytes, content type)` it was given: a hostile server's bytes under any header;
+- `immediate=True`: the submit answers SUCCESS with its results at once (no polling).
 Everything it saw is counted, so a test can assert that nothing was submitted twice.
 
 Use it as a context manager; `url` is its base (`http://127.0.0.1:<port>`), so tests put
-`127.0.0.1:<port>` on OUTBOUND_ALLOWLIST.
+`http://127.0.0.1:<port>` on OUTBOUND_ALLOWLIST (`fake.host` is `127.0.0.1:<port>`).
 """
 
 import io
@@ -29,8 +31,18 @@ def png(colour=(200, 30, 30, 255), size=(32, 32)) -> bytes:
 
 
 class FakeAsyncProvider:
-    def __init__(self, *, polls_before_done: int = 2, layers: int = 0, fail_code: str = ""):
+    def __init__(
+        self,
+        *,
+        polls_before_done: int = 2,
+        layers: int = 0,
+        fail_code: str = "",
+        file: tuple[bytes, str] | None = None,
+        immediate: bool = False,
+    ):
         self.polls_before_done = polls_before_done
+        self.file = file
+        self.immediate = immediate
         self.layers = layers
         self.fail_code = fail_code
         self.tasks: dict[str, dict] = {}
@@ -69,7 +81,16 @@ class FakeAsyncProvider:
             task_id = str(next(self._ids))
             self.tasks[task_id] = {"queries": 0}
             self.bodies.append(body)
+        if self.immediate:
+            results = self._results(task_id)
+            return {"taskId": task_id, "status": "SUCCESS", "errorCode": "", "errorMessage": "", "results": results}
         return {"taskId": task_id, "status": "RUNNING", "errorCode": "", "errorMessage": "", "results": None, "promptTips": ""}
+
+    def _results(self, task_id: str) -> list[dict]:
+        return [
+            {"url": f"{self.url}/files/{task_id}/{n}.png", "outputType": "png", "nodeId": str(9 + n), "text": None}
+            for n in range(1 + self.layers)
+        ]
 
     def _query(self, task_id: str) -> dict:
         with self._lock:
@@ -88,11 +109,7 @@ class FakeAsyncProvider:
                 "errorMessage": "simulated failure",
                 "failedReason": {"node_id": "9", "exception_type": "RuntimeError"},
             }
-        results = [
-            {"url": f"{self.url}/files/{task_id}/{n}.png", "outputType": "png", "nodeId": str(9 + n), "text": None}
-            for n in range(1 + self.layers)
-        ]
-        return {"taskId": task_id, "status": "SUCCESS", "errorCode": "", "errorMessage": "", "results": results}
+        return {"taskId": task_id, "status": "SUCCESS", "errorCode": "", "errorMessage": "", "results": self._results(task_id)}
 
     def _handler(self):
         fake = self
@@ -132,9 +149,9 @@ class FakeAsyncProvider:
                 if self.path.startswith("/files/"):
                     fake.hits["download"] += 1
                     n = int(self.path.rsplit("/", 1)[-1].split(".")[0])
-                    data = png((40 * n % 256, 100, 200, 255 if n == 0 else 128))
+                    data, content_type = fake.file or (png((40 * n % 256, 100, 200, 255 if n == 0 else 128)), "image/png")
                     self.send_response(200)
-                    self.send_header("Content-Type", "image/png")
+                    self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)

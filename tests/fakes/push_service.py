@@ -38,6 +38,7 @@ class PushService:
     pushes: list = field(default_factory=list)
     statuses: dict = field(default_factory=dict)
     holds: dict = field(default_factory=dict)
+    extra_headers: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._lock = threading.Lock()
@@ -57,6 +58,8 @@ class PushService:
                 self.send_header("content-length", "0")
                 if status == 201:
                     self.send_header("location", f"/message{self.path}/{len(service.pushes)}")
+                for name, value in service.extra_headers.get(self.path, {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
 
             def log_message(self, *args):
@@ -82,9 +85,10 @@ class PushService:
         # Real endpoints end in an unguessable token; so do ours.
         return f"{self.origin}/push/{name}-{base64.urlsafe_b64encode(os.urandom(12)).decode().rstrip('=')}"
 
-    def respond(self, endpoint: str, status: int) -> None:
-        """Answer every later push to `endpoint` with `status`."""
+    def respond(self, endpoint: str, status: int, headers: dict | None = None) -> None:
+        """Answer every later push to `endpoint` with `status` (and `headers`: Retry-After…)."""
         self.statuses[endpoint[len(self.origin) :]] = status
+        self.extra_headers[endpoint[len(self.origin) :]] = headers or {}
 
     def hold(self, endpoint: str) -> threading.Event:
         """Keep every later push to `endpoint` waiting until the returned event is set."""

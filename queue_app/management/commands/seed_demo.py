@@ -20,10 +20,15 @@ class Command(BaseCommand):
             created = user is None
             if created:
                 password = password or secrets.token_urlsafe(9)
-                user = User.objects.create_user(username=username, password=password, is_staff=True, is_superuser=True)
-            elif password:
-                user.set_password(password)
-                user.save(update_fields=["password"])
+                # An ordinary user: the demo sees its own queue on the monitor, nobody else's,
+                # and has no admin (a demo password is printed on screens and in shells).
+                user = User.objects.create_user(username=username, password=password)
+            else:
+                if password:
+                    user.set_password(password)
+                # An account made by an older version was a superuser: no longer.
+                user.is_staff = user.is_superuser = False
+                user.save(update_fields=["password", "is_staff", "is_superuser"])
             AccountSettings.objects.get_or_create(user=user)
             provider, _ = Provider.objects.get_or_create(
                 owner=user,

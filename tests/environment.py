@@ -1,0 +1,13 @@
+"""The test run's environment, set before Django reads its settings (loaded by pytest as a
+plugin, `-p tests.environment` in pyproject.toml, which runs before pytest-django).
+
+Tests run as production does: DEBUG off, so the settings require SECRET_KEY and
+FIELD_ENCRYPTION_KEY. Test-only values are set here unless the environment has its own;
+the processes the tests start (tests/procs.py) inherit them, so every process of a test
+encrypts and decrypts provider keys with the same key.
+"""
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-" + "t" * 40)
+os.environ.setdefault("FIELD_ENCRYPTION_KEY", "dGVzdC1vbmx5LWZlcm5ldC1rZXktMzItYnl0ZXMhISE=")
