@@ -322,8 +322,8 @@ def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_
     jobs = make_drafts(project, 2)
     services.jobs_start(user=owner, project=project, all_drafts=True)
     assert len(inline_tasks.executions()) == 2
+    from queue_app.engine.provider_state import cool_down
     from queue_app.providers import demo
-    from queue_app.worker.execute import cool_down
 
     cool_down(provider.id, 30)  # another job's 429 arrives after both were claimed
     inline_tasks.run()

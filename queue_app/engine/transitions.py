@@ -24,13 +24,10 @@ from django.utils import timezone
 
 from queue_app import notifications
 from queue_app.engine import events
+from queue_app.engine.leases import lease_expiry
 from queue_app.models import Job, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
-
-
-def _lease_expiry(seconds: float | None = None):
-    return Now() + timedelta(seconds=seconds if seconds is not None else settings.LEASE_TTL_SECONDS)
 
 
 def _after_commit_wake(provider_ids=(), project_ids=()):
@@ -112,7 +109,7 @@ def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: s
             lease_token=token,
             # Until a worker takes it (lease_take), the claim waits in the broker: a
             # longer lease, so a busy broker does not get its claims healed away.
-            lease_expires_at=_lease_expiry(settings.CLAIM_TTL_SECONDS),
+            lease_expires_at=lease_expiry(settings.CLAIM_TTL_SECONDS),
             attempts=F("attempts") + 1,
             started_at=timezone.now(),
             not_before=None,
@@ -138,7 +135,7 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
             resolved=snapshot,
             lease_owner=owner,
             lease_token=token,
-            lease_expires_at=_lease_expiry(),
+            lease_expires_at=lease_expiry(),
             attempts=F("attempts") + 1,
             started_at=timezone.now(),
             not_before=None,
@@ -149,24 +146,6 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
             return None
         events.emit(project_id, "job.claimed", job_id, Status.PROCESSING)
     return token
-
-
-def lease_take(job_id, token, *, owner: str) -> bool:
-    """A worker starts executing a claimed job: the lease becomes its own. Only a hand-off
-    nobody has taken yet (empty owner): a task delivered twice runs once, and a job whose
-    taker died waits for healing to hand it out again under a new token."""
-    return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING, lease_owner="").update(
-            lease_owner=owner, lease_expires_at=_lease_expiry()
-        )
-    )
-
-
-def lease_renew(job_id, token) -> bool:
-    """Extend a running job's lease; False means the job is no longer ours."""
-    return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(lease_expires_at=_lease_expiry())
-    )
 
 
 def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:

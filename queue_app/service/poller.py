@@ -16,7 +16,7 @@ One poll step:
 3. after its HTTP check returns, every check re-reads the job and applies the result
    with a fenced compare-and-set: a job another cycle finished, or a user cleared or
    retried meanwhile, is left alone.
-A finished task is handed to a worker (`collect`), which re-reads the task for fresh
+A finished task is handed to a worker (`worker/collect.py`), which re-reads the task for fresh
 (signed, expiring) URLs and writes it through the output writer, the same one as the
 synchronous path; completion frees the slot and wakes dispatch. Poll errors (network,
 5xx, bad JSON) never fail a job; the processing timeout does (JOB_PROCESSING_TIMEOUT_MS,
@@ -38,15 +38,16 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queue_app import providers, tasks
-from queue_app.engine import backoff, events, failpoints, transitions
-from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app import providers
+from queue_app.engine import enqueue, events, failpoints, transitions
+from queue_app.engine.attempts import attempt_record
+from queue_app.engine.provider_state import pause_for_account
+from queue_app.engine.results import apply_failed, detached_job
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, JobAttempt, Kind, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
-from queue_app.worker import execute
 
 log = logging.getLogger(__name__)
 
@@ -227,31 +228,11 @@ def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
     )
 
 
-def _ours(job_id, token) -> Job | None:
-    """The job, if it is still the detached job we claimed."""
-    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if job is None or job.status != Status.PROCESSING or str(job.lease_token) != str(token) or not job.task_id:
-        return None
-    return job
-
-
-def _record(job: Job, *, outcome: str, reason: str, worker: str = "poller") -> None:
-    JobAttempt.objects.create(
-        job_id=job.id,
-        number=job.attempts,
-        worker=worker,
-        task_id=job.task_id,
-        finished_at=timezone.now(),
-        outcome=outcome,
-        reason=reason[:2000],
-    )
-
-
 def check_job(job_id, token, *, now=None) -> str:
     """Check one claimed detached job and apply the result. Returns what happened:
     skipped | timeout | error | running | finished | failed | requeued."""
     now = now or timezone.now()
-    job = _ours(job_id, token)
+    job = detached_job(job_id, token)
     if job is None:
         return "skipped"
     provider = job.active_provider
@@ -267,7 +248,7 @@ def check_job(job_id, token, *, now=None) -> str:
             # The task id stays: a retry looks at the task first and collects it if it
             # finished late, instead of paying for a new one.
             if transitions.job_fail(job.id, token, reason=reason, error_class="timeout"):
-                _record(job, outcome=JobAttempt.Outcome.TIMEOUT, reason=reason)
+                attempt_record(job, outcome=JobAttempt.Outcome.TIMEOUT, reason=reason)
                 return "timeout"
         return "skipped"
     try:
@@ -278,7 +259,7 @@ def check_job(job_id, token, *, now=None) -> str:
         if isinstance(error, AccountError):
             # The key or the credit, not the task: the owner must act. The task is paid
             # for, so it keeps being checked (a fixed key collects it).
-            execute.pause_for_account(provider, reason)
+            pause_for_account(provider, reason)
         elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
             return _give_up_checking(job, token, reason)
         log.info("poll of job %s failed (%s); will poll again", job.id, reason)
@@ -286,7 +267,7 @@ def check_job(job_id, token, *, now=None) -> str:
         return "error"
     # Re-read before acting: the check took a while, and meanwhile the job may have been
     # finished by another cycle, cleared, or retried. Every write below is fenced as well.
-    job = _ours(job_id, token)
+    job = detached_job(job_id, token)
     if job is None:
         return "skipped"
     if isinstance(state, Running):
@@ -305,10 +286,10 @@ def check_job(job_id, token, *, now=None) -> str:
             )
             if not held:
                 return "skipped"
-            tasks.enqueue_collection(job.id, token)
+            enqueue.enqueue_collection(job.id, token)
         return "finished"
     if isinstance(state, Failed):
-        return _apply_failed(job, token, provider, state)
+        return apply_failed(job, token, provider, state)
     return "unknown"
 
 
@@ -320,67 +301,5 @@ def _give_up_checking(job, token, reason: str) -> str:
     with transaction.atomic():
         if not transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False):
             return "skipped"
-        _record(job, outcome=JobAttempt.Outcome.PERMANENT, reason=reason)
+        attempt_record(job, outcome=JobAttempt.Outcome.PERMANENT, reason=reason)
     return "failed"
-
-
-def _apply_failed(job, token, provider, state: Failed, *, record: bool = True) -> str:
-    """The remote task ended without a result. Permanent (or dead): the job fails and
-    forgets the task id. Worth another try: back to pending, bounded by max attempts."""
-    outcome = JobAttempt.Outcome.PERMANENT if state.permanent else JobAttempt.Outcome.TRANSIENT
-    with transaction.atomic():
-        if state.permanent:
-            done = transitions.job_fail(job.id, token, reason=state.reason, error_class="permanent", keep_task_id=False)
-            result = "failed"
-        elif job.attempts >= provider.max_attempts:
-            done = transitions.job_fail(
-                job.id,
-                token,
-                reason=f"gave up after {job.attempts} attempts, last: {state.reason}",
-                error_class="transient",
-                keep_task_id=False,
-            )
-            result = "failed"
-        else:
-            done = transitions.job_requeue(
-                job.id, token, reason=state.reason, error_class="transient", delay=backoff.delay(job.attempts)
-            )
-            result = "requeued"
-        if not done:
-            return "skipped"
-        if record:
-            _record(job, outcome=outcome, reason=state.reason)
-    return result
-
-
-def collect(job_id, token) -> None:
-    """Worker side of a finished remote task: re-read it (fresh output URLs) and store the
-    outputs through the output writer, which completes the job and frees its slot."""
-    close_old_connections()
-    job = _ours(job_id, token)
-    if job is None:
-        return
-    # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
-    # and healing hands the job back to the poller (which finds the task finished again).
-    attempt = attempt_begin(job, token)
-    if attempt is None:
-        return
-    provider = job.active_provider
-    back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
-    with execute.LeaseKeeper(job.id, token):
-        try:
-            request = resolved_job(job, provider)
-            state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
-        except Exception as error:
-            reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-            attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
-            _fenced(job.id, token).update(**back_to_polling)
-            return
-        if isinstance(state, Finished):
-            execute.reconnecting_once(execute.collect_outputs, job, token, provider, attempt, state.outputs)
-        elif isinstance(state, Failed):
-            attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
-            _apply_failed(job, token, provider, state, record=False)
-        else:
-            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
-            _fenced(job.id, token).update(**back_to_polling)

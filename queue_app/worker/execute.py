@@ -15,18 +15,17 @@ run(job_id, token):
 """
 
 import logging
-import threading
 import time
-from datetime import timedelta
 
-from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
-from django.db.models import F
-from django.db.models.functions import Greatest, Now
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import backoff, dispatch, failpoints, outputs, transitions
+from queue_app.engine import backoff, dispatch, failpoints, transitions
 from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine.leases import LeaseKeeper, reconnecting_once
+from queue_app.engine.provider_state import cool_down, pause_for_account
+from queue_app.engine.results import collect_outputs
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, JobAttempt, Provider, Status
 from queue_app.providers import adapter_for, poll_seconds
@@ -40,7 +39,6 @@ from queue_app.providers.base import (
     Submitted,
     TransientError,
 )
-from queue_app.providers.crypto import redact
 
 log = logging.getLogger(__name__)
 
@@ -49,40 +47,6 @@ log = logging.getLogger(__name__)
 # carries on, so it takes new jobs until this runs out (60 s kept a SIGTERMed worker
 # busy for over 30 s in a chaos run; one broker round trip per 10 s costs nothing).
 CARRY_ON_BUDGET_SECONDS = 10
-
-
-class LeaseKeeper:
-    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread; `lost` is set
-    when the renewal matches no row (the job was taken from us)."""
-
-    def __init__(self, job_id, token):
-        self.job_id, self.token = job_id, token
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self):
-        try:
-            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
-                try:
-                    if not transitions.lease_renew(self.job_id, self.token):
-                        self.lost.set()
-                        return
-                except DatabaseError:
-                    # Django never reopens a broken connection by itself: close it so the
-                    # next renewal connects afresh, or the lease lapses under a live worker.
-                    log.warning("lease renewal of job %s failed", self.job_id, exc_info=True)
-                    connection.close()
-        finally:
-            connection.close()
 
 
 def run(job_id, token) -> None:
@@ -164,19 +128,6 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     return reconnecting_once(_apply, job, token, provider, attempt, keeper, result)
 
 
-def reconnecting_once(apply, job: Job, *args):
-    """The provider has answered, and may have billed: a connection that broke meanwhile (a
-    database restart, a killed backend) must not lose that answer to healing, which would
-    send the job again. Reconnect once and apply it; every write is fenced by the lease
-    token, so one that did commit before the break is not applied twice."""
-    try:
-        return apply(job, *args)
-    except (OperationalError, InterfaceError) as error:
-        log.warning("job %s: database error while recording the provider's answer (%s); reconnecting once", job.id, error)
-        connection.close()
-        return apply(job, *args)
-
-
 def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, result) -> int | None:
     """Record what the provider answered: a failure, a remote task id, or outputs."""
     if isinstance(result, ProviderError):
@@ -194,28 +145,6 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
     return collect_outputs(job, token, provider, attempt, result.outputs)
 
 
-def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, results: list) -> int | None:
-    """Write finished outputs and complete the job; a local failure keeps the task id."""
-    try:
-        outputs.write_and_complete(job.id, token, results, attempt_id=attempt.id)
-    except outputs.Fenced:
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
-        return None
-    except outputs.QuotaExceeded as error:
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
-        transitions.job_fail(job.id, token, reason=str(error), error_class="local")
-        return provider.id
-    except DatabaseError:
-        raise  # not the result's fault: the caller reconnects or leaves the job to healing
-    except Exception as error:
-        reason = redact(f"the provider finished but storing the result failed: {error}", (provider.api_key, provider.api_secret))
-        log.warning("job %s: %s", job.id, reason)
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local")
-        return provider.id
-    return provider.id
-
-
 def _adopt(adapter, job: Job, request):
     """A retry of a job that still has a remote task id: collect, do not pay again."""
     try:
@@ -230,30 +159,6 @@ def _adopt(adapter, job: Job, request):
     Job.objects.filter(id=job.id, status=Status.PROCESSING, lease_token=job.lease_token).update(task_id="", task_observed_at=None)
     job.task_id = ""
     return providers.call(request, adapter.submit, request)
-
-
-def cool_down(provider_id: int, seconds: float) -> None:
-    """A provider that answered 429 with a delay dispatches nothing until it passes."""
-    until = Now() + timedelta(seconds=seconds)
-    Provider.objects.filter(id=provider_id, cooldown_until__isnull=True).update(cooldown_until=until)
-    Provider.objects.filter(id=provider_id, cooldown_until__isnull=False).update(
-        cooldown_until=Greatest(F("cooldown_until"), until)
-    )
-
-
-def pause_for_account(provider: Provider, reason: str) -> None:
-    """A rejected key, no credit: pause the provider with the reason a person must act on.
-    Dispatch stops; detached tasks already paid for are still polled."""
-    reason = reason[:300]
-    # Every poll of the provider's detached tasks may report the same problem: write and
-    # log it once.
-    changed = (
-        Provider.objects.filter(id=provider.id)
-        .exclude(paused=True, paused_reason=reason)
-        .update(paused=True, paused_reason=reason)
-    )
-    if changed:
-        log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
 
 
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:

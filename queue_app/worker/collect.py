@@ -1,0 +1,57 @@
+"""Collecting a finished remote task in a worker.
+
+The queue service's poller found the task finished and handed it over (`collect_job`).
+The worker re-reads the task for fresh (signed, expiring) output URLs and stores the
+outputs through the output writer, the same one as the synchronous path; completion
+frees the slot and wakes dispatch. A check that fails, or a task that runs again, goes
+back to the poller.
+"""
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from queue_app import providers
+from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine.leases import LeaseKeeper, reconnecting_once
+from queue_app.engine.results import apply_failed, collect_outputs, detached_job
+from queue_app.engine.snapshot import resolved_job
+from queue_app.models import Job, JobAttempt, Status
+from queue_app.providers import adapter_for
+from queue_app.providers.base import Failed, Finished, ProviderError
+
+
+def _fenced(job_id, token):
+    return Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
+
+
+def collect_task(job_id, token) -> None:
+    """Worker side of a finished remote task: re-read it (fresh output URLs) and store the
+    outputs through the output writer, which completes the job and frees its slot."""
+    close_old_connections()
+    job = detached_job(job_id, token)
+    if job is None:
+        return
+    # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
+    # and healing hands the job back to the poller (which finds the task finished again).
+    attempt = attempt_begin(job, token)
+    if attempt is None:
+        return
+    provider = job.active_provider
+    back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
+    with LeaseKeeper(job.id, token):
+        try:
+            request = resolved_job(job, provider)
+            state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
+        except Exception as error:
+            reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
+            attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
+            _fenced(job.id, token).update(**back_to_polling)
+            return
+        if isinstance(state, Finished):
+            reconnecting_once(collect_outputs, job, token, provider, attempt, state.outputs)
+        elif isinstance(state, Failed):
+            attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
+            apply_failed(job, token, provider, state, record=False)
+        else:
+            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
+            _fenced(job.id, token).update(**back_to_polling)
