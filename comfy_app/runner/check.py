@@ -149,9 +149,7 @@ def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now,
 
 def _check_failed(job: Job, reason: str) -> bool:
     """One more failed check in a row; the third fails the job and keeps its prompt id."""
-    Job.objects.filter(id=job.id, lease_token=job.lease_token, status=Status.PROCESSING).update(
-        poll_failures=F("poll_failures") + 1, error=reason[:2000]
-    )
+    Job.objects.fenced(job.id, job.lease_token).update(poll_failures=F("poll_failures") + 1, error=reason[:2000])
     failures = Job.objects.filter(id=job.id).values_list("poll_failures", flat=True).first() or 0
     if failures < CHECK_FAILURE_LIMIT:
         return False
@@ -170,7 +168,7 @@ def _check_run(client, run: ComfyRun, states: dict, now) -> str:
     prompt_id = job.task_id
     if prompt_id in states:
         state = states[prompt_id]
-        Job.objects.filter(id=job.id, lease_token=job.lease_token).update(poll_failures=0)
+        Job.objects.fenced(job.id, job.lease_token).update(poll_failures=0)
         ComfyRun.objects.filter(job_id=job.id, phase=Phase.REMOTE).update(remote_state=state, missing_checks=0)
         timeout = timedelta(milliseconds=settings.JOB_PROCESSING_TIMEOUT_MS)
         if run.posted_at and now - run.posted_at > timeout:

@@ -20,7 +20,7 @@ from comfy_app.runner.instance import client_for
 from queue_app.engine import enqueue, outputs, transitions
 from queue_app.engine.attempts import attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper
-from queue_app.models import Job, JobAttempt, Status
+from queue_app.models import Job, JobAttempt
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -44,9 +44,7 @@ def download_limits() -> tuple[float, float]:
 def retoken(job_id, old_token, *, hold: timedelta) -> uuid.UUID | None:
     """A fresh lease token for re-enqueued work: the old task, if it still runs, is fenced out."""
     token = uuid.uuid4()
-    if Job.objects.filter(id=job_id, lease_token=old_token, status=Status.PROCESSING).update(
-        lease_token=token, lease_owner="", lease_expires_at=Now() + hold
-    ):
+    if Job.objects.fenced(job_id, old_token).update(lease_token=token, lease_owner="", lease_expires_at=Now() + hold):
         return token
     return None
 
@@ -120,7 +118,7 @@ def _download(client: comfy.ComfyClient, item: dict) -> tuple[bytes, str]:
 def collect_prompt(job_id, token) -> str:
     """Worker: download a finished prompt's outputs and complete the job."""
     close_old_connections()
-    job = Job.objects.select_related("project").filter(id=job_id, lease_token=token, status=Status.PROCESSING).first()
+    job = Job.objects.select_related("project").fenced(job_id, token).first()
     run = ComfyRun.objects.filter(job_id=job_id).first()
     if job is None or run is None or run.phase != Phase.COLLECTING:
         return "skipped"

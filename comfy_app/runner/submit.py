@@ -20,15 +20,11 @@ from comfy_app.runner.instance import client_for, mark_unreachable
 from queue_app.engine import transitions
 from queue_app.engine.attempts import attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper
-from queue_app.models import Job, JobAttempt, Status
+from queue_app.models import Job, JobAttempt
 
 log = logging.getLogger(__name__)
 
 Phase = ComfyRun.Phase
-
-
-def _fenced(job_id, token):
-    return Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
 
 
 def _give_back(job_id, token, *, failures: bool = True) -> None:
@@ -37,13 +33,13 @@ def _give_back(job_id, token, *, failures: bool = True) -> None:
     fields = dict(lease_expires_at=Now(), lease_owner="")
     if failures:
         fields["poll_failures"] = F("poll_failures") + 1
-    _fenced(job_id, token).update(**fields)
+    Job.objects.fenced(job_id, token).update(**fields)
 
 
 def submit_prompt(job_id, token) -> str:
     """Worker: submit one claimed job. Returns what happened (for tests and logs)."""
     close_old_connections()
-    job = Job.objects.select_related("project").filter(id=job_id, lease_token=token, status=Status.PROCESSING).first()
+    job = Job.objects.select_related("project").fenced(job_id, token).first()
     run = ComfyRun.objects.filter(job_id=job_id).first()
     if job is None or run is None or run.phase != Phase.SUBMITTING:
         return "skipped"
@@ -88,7 +84,7 @@ def submit_prompt(job_id, token) -> str:
     if result == "collect":
         start_collect(job.id, token, prompt_id)
     else:
-        _fenced(job.id, token).update(lease_expires_at=None, lease_owner="", poll_failures=0)
+        Job.objects.fenced(job.id, token).update(lease_expires_at=None, lease_owner="", poll_failures=0)
     return result
 
 
@@ -118,7 +114,7 @@ def _submit(job: Job, token, run: ComfyRun, instance: ComfyInstance) -> str:
         if seeds:
             params = dict(job.params or {})
             params["seeds"] = seeds
-            _fenced(job.id, token).update(params=params)
+            Job.objects.fenced(job.id, token).update(params=params)
     return _post(client, job, token, graph, prompt_id, nonce, instance)
 
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.db.models.functions import Now
 
-from queue_app.models import Job, Status
+from queue_app.models import Job
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +28,13 @@ def lease_take(job_id, token, *, owner: str) -> bool:
     nobody has taken yet (empty owner): a task delivered twice runs once, and a job whose
     taker died waits for healing to hand it out again under a new token."""
     return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING, lease_owner="").update(
-            lease_owner=owner, lease_expires_at=lease_expiry()
-        )
+        Job.objects.fenced(job_id, token).filter(lease_owner="").update(lease_owner=owner, lease_expires_at=lease_expiry())
     )
 
 
 def lease_renew(job_id, token) -> bool:
     """Extend a running job's lease; False means the job is no longer ours."""
-    return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(lease_expires_at=lease_expiry())
-    )
+    return bool(Job.objects.fenced(job_id, token).update(lease_expires_at=lease_expiry()))
 
 
 class LeaseKeeper:

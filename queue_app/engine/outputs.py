@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from queue_app.engine import failpoints, media, transitions
 from queue_app.engine.attempts import attempt_finish
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -158,7 +158,7 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
     the attempt `attempt_id` completed in the same transaction (a kill right after the
     commit cannot leave it "running"). Returns the number of items written.
     Raises Fenced, QuotaExceeded or a download error."""
-    job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).first()
+    job = Job.objects.fenced(job_id, token).first()
     if job is None:
         raise Fenced(job_id)
     if not outputs:
@@ -181,7 +181,7 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
     with transaction.atomic():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
-        locked = Job.objects.select_for_update().filter(id=job.id, lease_token=token, status=Status.PROCESSING).first()
+        locked = Job.objects.select_for_update().fenced(job.id, token).first()
         if locked is None:
             raise Fenced(job.id)
         new_bytes = sum(item.size for item in prepared)

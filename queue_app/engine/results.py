@@ -8,7 +8,7 @@ from django.db import DatabaseError, transaction
 
 from queue_app.engine import backoff, outputs, transitions
 from queue_app.engine.attempts import attempt_finish, attempt_record
-from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.models import Job, JobAttempt, Provider
 from queue_app.providers.base import Failed
 from queue_app.providers.crypto import redact
 
@@ -17,10 +17,7 @@ log = logging.getLogger(__name__)
 
 def detached_job(job_id, token) -> Job | None:
     """The job, if it is still the detached job we claimed."""
-    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if job is None or job.status != Status.PROCESSING or str(job.lease_token) != str(token) or not job.task_id:
-        return None
-    return job
+    return Job.objects.select_related("active_provider").fenced(job_id, token).exclude(task_id="").first()
 
 
 def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, results: list) -> int | None:

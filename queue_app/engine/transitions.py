@@ -153,10 +153,10 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
     anything waits on it. The job keeps its slot; the lease gives way to polling."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
-        job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
+        job = Job.objects.fenced(job_id, token).values("project_id").first()
         if not job:
             return False
-        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+        changed = Job.objects.fenced(job_id, token).update(
             task_id=task_id,
             task_observed_at=now,
             next_poll_at=now + timedelta(seconds=poll_seconds),
@@ -172,16 +172,10 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
 
 def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
     with transaction.atomic(savepoint=False):
-        job = (
-            Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
-            .values("project_id", "active_provider_id")
-            .first()
-        )
+        job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
         if not job:
             return False
-        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
-            status=new_status, **SLOT_RELEASED, **fields
-        )
+        changed = Job.objects.fenced(job_id, token).update(status=new_status, **SLOT_RELEASED, **fields)
         if not changed:
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
@@ -262,7 +256,8 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
         if not job:
             return False
         changed = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_token=job["lease_token"])
+            Job.objects.fenced(job_id, job["lease_token"])
+            .filter(task_id="")
             .filter(lease_gone)
             .update(status=Status.PENDING, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local")
         )
@@ -308,10 +303,17 @@ def job_fail_stalled(job_id, *, reason: str) -> bool:
         )
         if not job:
             return False
-        changed = Job.objects.filter(
-            id=job_id, status=Status.PROCESSING, task_id="", lease_token=job["lease_token"], lease_expires_at__lt=Now()
-        ).update(
-            status=Status.FAILED, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local", finished_at=timezone.now()
+        changed = (
+            Job.objects.fenced(job_id, job["lease_token"])
+            .filter(task_id="", lease_expires_at__lt=Now())
+            .update(
+                status=Status.FAILED,
+                **SLOT_RELEASED,
+                lease_token=None,
+                error=reason,
+                error_class="local",
+                finished_at=timezone.now(),
+            )
         )
         if not changed:
             return False
@@ -326,12 +328,10 @@ def job_attach_task(job_id, token, *, task_id: str) -> bool:
     anything waits on it. The lease stays with the runner (no detached polling)."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
-        job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
+        job = Job.objects.fenced(job_id, token).values("project_id").first()
         if not job:
             return False
-        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
-            task_id=task_id, task_observed_at=now, poll_failures=0
-        )
+        changed = Job.objects.fenced(job_id, token).update(task_id=task_id, task_observed_at=now, poll_failures=0)
         if changed:
             events.emit(job["project_id"], "job.submitted", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
     return bool(changed)

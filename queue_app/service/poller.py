@@ -97,8 +97,10 @@ def claim_due(
         token = uuid.uuid4()
         # The compare-and-set on the old token and the due time: of two pollers that read
         # the same row, one changes it and the other matches nothing.
-        if Job.objects.filter(id=job_id, status=Status.PROCESSING, lease_token=old_token, next_poll_at=next_poll_at).update(
-            lease_token=token, poll_claimed_until=now + timedelta(seconds=POLL_CLAIM_SECONDS)
+        if (
+            Job.objects.fenced(job_id, old_token)
+            .filter(next_poll_at=next_poll_at)
+            .update(lease_token=token, poll_claimed_until=now + timedelta(seconds=POLL_CLAIM_SECONDS))
         ):
             claimed.append((job_id, token, provider_id))
             busy[provider_id] = busy.get(provider_id, 0) + 1
@@ -216,13 +218,9 @@ def _check_in_thread(job_id, token, *, now=None, keep_connection: bool = True):
             connection.close()
 
 
-def _fenced(job_id, token):
-    return Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
-
-
 def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
     return bool(
-        _fenced(job_id, token).update(
+        Job.objects.fenced(job_id, token).update(
             next_poll_at=now + timedelta(seconds=poll_seconds(family)), poll_claimed_until=None, **fields
         )
     )
@@ -281,7 +279,7 @@ def check_job(job_id, token, *, now=None) -> str:
         # and a later cycle finds the task finished again. With the ORM broker the task
         # row commits together with the claim.
         with transaction.atomic():
-            held = _fenced(job.id, token).update(
+            held = Job.objects.fenced(job.id, token).update(
                 poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS), poll_failures=0
             )
             if not held:

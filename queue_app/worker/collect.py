@@ -15,13 +15,9 @@ from queue_app.engine.attempts import attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.results import apply_failed, collect_outputs, detached_job
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt, Status
+from queue_app.models import Job, JobAttempt
 from queue_app.providers import adapter_for
 from queue_app.providers.base import Failed, Finished, ProviderError
-
-
-def _fenced(job_id, token):
-    return Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
 
 
 def collect_task(job_id, token) -> None:
@@ -45,7 +41,7 @@ def collect_task(job_id, token) -> None:
         except Exception as error:
             reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
             attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
-            _fenced(job.id, token).update(**back_to_polling)
+            Job.objects.fenced(job.id, token).update(**back_to_polling)
             return
         if isinstance(state, Finished):
             reconnecting_once(collect_outputs, job, token, provider, attempt, state.outputs)
@@ -54,4 +50,4 @@ def collect_task(job_id, token) -> None:
             apply_failed(job, token, provider, state, record=False)
         else:
             attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
-            _fenced(job.id, token).update(**back_to_polling)
+            Job.objects.fenced(job.id, token).update(**back_to_polling)

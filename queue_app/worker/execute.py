@@ -27,7 +27,7 @@ from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
 from queue_app.engine.results import collect_outputs
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.models import Job, JobAttempt, Provider
 from queue_app.providers import adapter_for, poll_seconds
 from queue_app.providers.base import (
     AccountError,
@@ -69,14 +69,8 @@ def execute_one(job_id, token) -> int | None:
     """Run one job. Returns its provider id when the job left its slot (so the caller
     may refill it), else None."""
     close_old_connections()
-    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if (
-        job is None
-        or job.status != Status.PROCESSING
-        or str(job.lease_token) != str(token)
-        or job.task_id
-        and not _adoptable(job)
-    ):
+    job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
+    if job is None or job.task_id and not _adoptable(job):
         return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
     attempt = attempt_begin(job, token)
     if attempt is None:
@@ -156,7 +150,7 @@ def _adopt(adapter, job: Job, request):
     if isinstance(state, Running):
         return Submitted(task_id=job.task_id)
     # Dead or expired: forget it and submit fresh.
-    Job.objects.filter(id=job.id, status=Status.PROCESSING, lease_token=job.lease_token).update(task_id="", task_observed_at=None)
+    Job.objects.fenced(job.id, job.lease_token).update(task_id="", task_observed_at=None)
     job.task_id = ""
     return providers.call(request, adapter.submit, request)
 
