@@ -29,7 +29,7 @@ from django.db.models.functions import Now
 from comfy_app.models import ComfyInstance, ComfyRun
 from comfy_app.runner.check import check_instance
 from comfy_app.runner.claim import claim_pending, in_flight_count
-from comfy_app.runner.instance import client_for
+from comfy_app.runner.instance import client_for, release_drivers
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Kind, Status
 
@@ -161,8 +161,7 @@ class ComfyRunner:
             self.listeners.stop_all()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        owner = heartbeats.process_name()
-        ComfyInstance.objects.filter(driver=owner).update(driver="", driver_until=None)
+        release_drivers(heartbeats.process_name())
 
 
 RUNNER = ComfyRunner()

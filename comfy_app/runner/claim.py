@@ -1,14 +1,16 @@
 """Claim (any process; database only): under the instance row lock, claim the oldest
 pending jobs into the instance's free places — at most MAX_IN_FLIGHT prompts submitting or
-at ComfyUI — and enqueue their submission to the workers."""
+at ComfyUI — and enqueue their submission to the workers. `take_claimed` is the other
+end: the worker that picks a claimed job up."""
 
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from comfy_app.models import ComfyInstance, ComfyRun
 from queue_app.engine import enqueue, transitions
-from queue_app.models import Job, Kind, Status
+from queue_app.engine.attempts import attempt_begin
+from queue_app.models import Job, JobAttempt, Kind, Status
 
 MAX_IN_FLIGHT = 2
 
@@ -20,7 +22,8 @@ def wants_video(job: Job, instance: ComfyInstance) -> bool:
     return bool(instance.include_video or params.get("video") or (job.format or "").lower() in ("mp4", "webm", "video"))
 
 
-def snapshot(job: Job, instance: ComfyInstance) -> dict:
+def instance_snapshot(job: Job, instance: ComfyInstance) -> dict:
+    """The resolved snapshot a ComfyUI job is claimed with (the queue's is engine.snapshot)."""
     return {
         "provider_id": None,
         "provider_name": "ComfyUI",
@@ -62,7 +65,8 @@ def claim_pending(project_id: int) -> list[tuple]:
             .order_by("queued_at", "created_at", "id")[:free]
         )
         for job in candidates:
-            token = transitions.job_claim_unslotted(job.id, project_id=project_id, snapshot=snapshot(job, instance), owner="")
+            snapshot = instance_snapshot(job, instance)
+            token = transitions.job_claim_unslotted(job.id, project_id=project_id, snapshot=snapshot, owner="")
             if token is None:
                 continue
             fields = dict(project_id=project_id, phase=Phase.SUBMITTING, missing_checks=0, remote_state="", finished_at=None)
@@ -72,3 +76,18 @@ def claim_pending(project_id: int) -> list[tuple]:
             enqueue.enqueue_task("comfy_app.tasks.submit_job", str(job.id), str(token))
             claimed.append((job.id, token))
     return claimed
+
+
+def take_claimed(job_id, token, phase) -> tuple[Job, ComfyRun, JobAttempt, ComfyInstance] | None:
+    """A worker picks up a job handed out in `phase` (submitting, collecting): the job, its
+    run, the attempt it opens with the lease, and its instance. None when the hand-off is
+    not ours any more (fenced out, taken twice, or the run moved on)."""
+    close_old_connections()
+    job = Job.objects.select_related("project").fenced(job_id, token).first()
+    run = ComfyRun.objects.filter(job_id=job_id).first()
+    if job is None or run is None or run.phase != phase:
+        return None
+    attempt = attempt_begin(job, token)
+    if attempt is None:
+        return None
+    return job, run, attempt, ComfyInstance.objects.get(project_id=job.project_id)

@@ -1,26 +1,28 @@
 """Collect (a django-q2 worker): stream a finished prompt's outputs (idle and total
-limits), then the queue's output writer completes the job."""
+limits), then the queue's output writer completes the job. `start_collect` is the
+hand-over from a check (or a submission that found the prompt done already)."""
 
 import logging
 import os
 import tempfile
 import time
-import uuid
 from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models.functions import Now
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from comfy_app import client as comfy
-from comfy_app.models import ComfyInstance, ComfyRun
+from comfy_app.models import ComfyRun
+from comfy_app.runner.claim import take_claimed
 from comfy_app.runner.instance import client_for
-from queue_app.engine import enqueue, outputs, transitions
-from queue_app.engine.attempts import attempt_begin, attempt_finish
-from queue_app.engine.leases import LeaseKeeper
-from queue_app.models import Job, JobAttempt
+from queue_app.engine import enqueue, transitions
+from queue_app.engine.attempts import Outcome, attempt_finish
+from queue_app.engine.leases import LeaseKeeper, lease_reissue
+from queue_app.engine.results import Applied, store_outputs
+from queue_app.models import Job
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -29,8 +31,21 @@ log = logging.getLogger(__name__)
 COLLECT_CLAIM = timedelta(seconds=60)
 VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi")
 AUDIO_EXTENSIONS = (".wav", ".mp3", ".flac", ".ogg", ".m4a")
+KEEP = "The prompt id is kept: retry the job to download the finished result again."
 
 Phase = ComfyRun.Phase
+
+
+class Collected(StrEnum):
+    """What one collection did (for tests and logs)."""
+
+    COMPLETED = "completed"
+    SKIPPED = "skipped"  # the hand-off was not ours any more
+    FENCED = "fenced"  # the job was taken before its outputs were written
+    NO_OUTPUT = "no-output"  # the workflow saved nothing: failed
+    GONE = "gone"  # an output file is no longer on the instance: failed, prompt id dropped
+    FAILED = "failed"  # a download or the storing failed: failed, prompt id kept
+    ERROR = "error"  # a database error: the lease lapses and the next check hands it out again
 
 
 def download_limits() -> tuple[float, float]:
@@ -41,12 +56,14 @@ def download_limits() -> tuple[float, float]:
     )
 
 
-def retoken(job_id, old_token, *, hold: timedelta) -> uuid.UUID | None:
-    """A fresh lease token for re-enqueued work: the old task, if it still runs, is fenced out."""
-    token = uuid.uuid4()
-    if Job.objects.fenced(job_id, old_token).update(lease_token=token, lease_owner="", lease_expires_at=Now() + hold):
-        return token
-    return None
+def hand_out_collection(job_id, token) -> bool:
+    """Enqueue a download under a fresh lease token (the old one, if a worker still holds
+    it, is fenced out). False when the job is no longer ours under `token`."""
+    new_token = lease_reissue(job_id, token, hold=COLLECT_CLAIM)
+    if new_token is None:
+        return False
+    enqueue.enqueue_task("comfy_app.tasks.collect_job", str(job_id), str(new_token))
+    return True
 
 
 def start_collect(job_id, token, prompt_id: str) -> bool:
@@ -56,11 +73,7 @@ def start_collect(job_id, token, prompt_id: str) -> bool:
             phase=Phase.COLLECTING, finished_at=timezone.now(), remote_state="finished"
         ):
             return False
-        new_token = retoken(job_id, token, hold=COLLECT_CLAIM)
-        if new_token is None:
-            return False
-        enqueue.enqueue_task("comfy_app.tasks.collect_job", str(job_id), str(new_token))
-    return True
+        return hand_out_collection(job_id, token)
 
 
 def output_files(entry: dict, order: list, *, include_video: bool) -> list[tuple[str, dict]]:
@@ -115,63 +128,57 @@ def _download(client: comfy.ComfyClient, item: dict) -> tuple[bytes, str]:
         Path(path).unlink(missing_ok=True)
 
 
-def collect_prompt(job_id, token) -> str:
+def collect_prompt(job_id, token) -> Collected:
     """Worker: download a finished prompt's outputs and complete the job."""
-    close_old_connections()
-    job = Job.objects.select_related("project").fenced(job_id, token).first()
-    run = ComfyRun.objects.filter(job_id=job_id).first()
-    if job is None or run is None or run.phase != Phase.COLLECTING:
-        return "skipped"
-    attempt = attempt_begin(job, token)
-    if attempt is None:
-        return "skipped"
-    instance = ComfyInstance.objects.get(project_id=job.project_id)
-    keep = "The prompt id is kept: retry the job to download the finished result again."
+    taken = take_claimed(job_id, token, Phase.COLLECTING)
+    if taken is None:
+        return Collected.SKIPPED
+    job, run, attempt, instance = taken
     try:
         with LeaseKeeper(job.id, token):
-            client = client_for(instance)
-            entry = None
-            for delay in (0, 0.2, 0.5, 1.0):  # the history can lag the queue by a few ms
-                time.sleep(delay)
-                entry = client.history(job.task_id)
-                if entry is not None:
-                    break
-            if entry is None:
-                raise comfy.CheckFailed("ComfyUI has no history for the finished prompt")
-            include_video = bool((job.resolved or {}).get("include_video"))
-            files = output_files(entry, run.output_order or list(run.graph or {}), include_video=include_video)
-            if not files:
+            results = _fetch(client_for(instance), job, run)
+            if not results:
                 reason = "ComfyUI finished the prompt but the workflow saved no output files (add a SaveImage node)"
-                attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+                attempt_finish(attempt.id, Outcome.PERMANENT, reason)
                 transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False)
-                return "no-output"
-            results = []
-            for kind, item in files:
-                data, content_type = _download(client, item)
-                results.append(Output(kind=kind, data=data, content_type=content_type or ""))
-            outputs.write_and_complete(job.id, token, results, attempt_id=attempt.id)
-    except outputs.Fenced:
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
-        return "fenced"
+                return Collected.NO_OUTPUT
+            stored = store_outputs(job.id, token, attempt.id, results, source="ComfyUI", retry_hint=KEEP)
     except OutputGone as error:
         reason = f"the output file {error} is no longer on the ComfyUI instance; retry the job to generate it again"
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local", keep_task_id=False)
-        return "gone"
-    except outputs.QuotaExceeded as error:
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
-        transitions.job_fail(job.id, token, reason=f"{error}. {keep}", error_class="local")
-        return "quota"
+        return Collected.GONE
     except DatabaseError:
         log.error("database error while collecting job %s", job.id, exc_info=True)
         connection.close()
-        return "error"
+        return Collected.ERROR
     except Exception as error:
         detail = error.reason if isinstance(error, comfy.ComfyError) else str(error) or type(error).__name__
-        reason = f"downloading the result from ComfyUI failed: {detail}. {keep}"
+        reason = f"downloading the result from ComfyUI failed: {detail}. {KEEP}"
         log.warning("job %s: %s", job.id, reason)
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
-        return "failed"
-    ComfyRun.objects.filter(job_id=job.id).update(phase=Phase.DONE)
-    return "completed"
+        return Collected.FAILED
+    if stored is Applied.COMPLETED:
+        ComfyRun.objects.filter(job_id=job.id).update(phase=Phase.DONE)
+        return Collected.COMPLETED
+    return Collected.FENCED if stored is Applied.SKIPPED else Collected.FAILED
+
+
+def _fetch(client: comfy.ComfyClient, job: Job, run: ComfyRun) -> list[Output]:
+    """The finished prompt's output files, downloaded; [] when the workflow saved none."""
+    entry = None
+    for delay in (0, 0.2, 0.5, 1.0):  # the history can lag the queue by a few ms
+        time.sleep(delay)
+        entry = client.history(job.task_id)
+        if entry is not None:
+            break
+    if entry is None:
+        raise comfy.CheckFailed("ComfyUI has no history for the finished prompt")
+    include_video = bool((job.resolved or {}).get("include_video"))
+    files = output_files(entry, run.output_order or list(run.graph or {}), include_video=include_video)
+    results = []
+    for kind, item in files:
+        data, content_type = _download(client, item)
+        results.append(Output(kind=kind, data=data, content_type=content_type or ""))
+    return results

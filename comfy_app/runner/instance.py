@@ -30,8 +30,9 @@ def acquire_driver(instance_id: int, owner: str) -> bool:
     return False
 
 
-def release_driver(instance_id: int, owner: str) -> None:
-    ComfyInstance.objects.filter(id=instance_id, driver=owner).update(driver="", driver_until=None)
+def release_drivers(owner: str) -> None:
+    """A stopping queue service lets go of every instance it drives."""
+    ComfyInstance.objects.filter(driver=owner).update(driver="", driver_until=None)
 
 
 def mark_unreachable(instance_id: int, reason: str, now) -> None:

@@ -8,7 +8,10 @@ in `transitions` — so a lost lease is learnt from a renewal that matches no ro
 
 import logging
 import threading
+import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
@@ -17,6 +20,8 @@ from django.db.models.functions import Now
 from queue_app.models import Job
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def lease_expiry(seconds: float | None = None):
@@ -35,6 +40,16 @@ def lease_take(job_id, token, *, owner: str) -> bool:
 def lease_renew(job_id, token) -> bool:
     """Extend a running job's lease; False means the job is no longer ours."""
     return bool(Job.objects.fenced(job_id, token).update(lease_expires_at=lease_expiry()))
+
+
+def lease_reissue(job_id, token, *, hold: timedelta) -> uuid.UUID | None:
+    """A fresh lease token for work handed out again (a runner re-enqueues a submission or
+    a download): the old task, if it still runs, is fenced out. Held for `hold` until a
+    worker takes it. None when the job is no longer ours under `token`."""
+    new_token = uuid.uuid4()
+    if Job.objects.fenced(job_id, token).update(lease_token=new_token, lease_owner="", lease_expires_at=Now() + hold):
+        return new_token
+    return None
 
 
 class LeaseKeeper:
@@ -71,14 +86,14 @@ class LeaseKeeper:
             connection.close()
 
 
-def reconnecting_once(apply, job: Job, *args):
+def reconnecting_once(job_id, apply: Callable[[], T]) -> T:
     """The provider has answered, and may have billed: a connection that broke meanwhile (a
     database restart, a killed backend) must not lose that answer to healing, which would
-    send the job again. Reconnect once and apply it; every write is fenced by the lease
-    token, so one that did commit before the break is not applied twice."""
+    send the job again. Reconnect once and `apply()` it again; every write is fenced by the
+    lease token, so one that did commit before the break is not applied twice."""
     try:
-        return apply(job, *args)
+        return apply()
     except (OperationalError, InterfaceError) as error:
-        log.warning("job %s: database error while recording the provider's answer (%s); reconnecting once", job.id, error)
+        log.warning("job %s: database error while recording the provider's answer (%s); reconnecting once", job_id, error)
         connection.close()
-        return apply(job, *args)
+        return apply()

@@ -40,11 +40,11 @@ from django.utils import timezone
 
 from queue_app import providers
 from queue_app.engine import enqueue, events, failpoints, transitions
-from queue_app.engine.attempts import attempt_record
+from queue_app.engine.attempts import Outcome, attempt_record
 from queue_app.engine.provider_state import pause_for_account
-from queue_app.engine.results import apply_failed, detached_job
+from queue_app.engine.results import Applied, apply_failed, detached_job
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt, Kind, Status
+from queue_app.models import Job, Kind, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
@@ -62,6 +62,8 @@ COLLECT_CLAIM_SECONDS = settings.CLAIM_TTL_SECONDS
 # adapters report as a dead task at once), after which the job fails: one refusal may be
 # a provider's hiccup, a run of them will not end before the processing timeout.
 POLL_REFUSALS_TO_FAIL = 3
+# What the attempt log names the poller's own records by.
+WORKER = "poller"
 
 
 def poll_seconds(family: str) -> float:
@@ -226,78 +228,91 @@ def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
     )
 
 
-def check_job(job_id, token, *, now=None) -> str:
-    """Check one claimed detached job and apply the result. Returns what happened:
-    skipped | timeout | error | running | finished | failed | requeued."""
+def check_job(job_id, token, *, now=None) -> Applied:
+    """Check one claimed detached job and apply the result. Returns what happened."""
     now = now or timezone.now()
     job = detached_job(job_id, token)
     if job is None:
-        return "skipped"
+        return Applied.SKIPPED
     provider = job.active_provider
     failpoints.hit("mid_poll")
-    timeout = timedelta(milliseconds=settings.JOB_PROCESSING_TIMEOUT_MS)
-    if job.task_observed_at and now - job.task_observed_at > timeout:
-        minutes = settings.JOB_PROCESSING_TIMEOUT_MS / 60000
-        reason = (
-            f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]}); "
-            "retrying checks the task again before submitting anew"
-        )
-        with transaction.atomic():
-            # The task id stays: a retry looks at the task first and collects it if it
-            # finished late, instead of paying for a new one.
-            if transitions.job_fail(job.id, token, reason=reason, error_class="timeout"):
-                attempt_record(job, outcome=JobAttempt.Outcome.TIMEOUT, reason=reason)
-                return "timeout"
-        return "skipped"
+    if job.task_observed_at and now - job.task_observed_at > timedelta(milliseconds=settings.JOB_PROCESSING_TIMEOUT_MS):
+        return _time_out(job, token)
     try:
         request = resolved_job(job, provider)
         state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
     except Exception as error:
-        reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-        if isinstance(error, AccountError):
-            # The key or the credit, not the task: the owner must act. The task is paid
-            # for, so it keeps being checked (a fixed key collects it).
-            pause_for_account(provider, reason)
-        elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
-            return _give_up_checking(job, token, reason)
-        log.info("poll of job %s failed (%s); will poll again", job.id, reason)
-        _release_claim(job.id, token, family=provider.family, now=now, poll_failures=F("poll_failures") + 1)
-        return "error"
+        return _check_failed(job, token, error, now=now)
     # Re-read before acting: the check took a while, and meanwhile the job may have been
     # finished by another cycle, cleared, or retried. Every write below is fenced as well.
     job = detached_job(job_id, token)
     if job is None:
-        return "skipped"
+        return Applied.SKIPPED
     if isinstance(state, Running):
         if _release_claim(job.id, token, family=provider.family, now=now, progress=state.progress, poll_failures=0):
             if state.progress is not None:
                 events.broadcast_progress(job.project_id, job.id, state.progress)
-            return "running"
-        return "skipped"
+            return Applied.RUNNING
+        return Applied.SKIPPED
     if isinstance(state, Finished):
-        # Hold the claim while a worker collects; if that worker dies, the claim lapses
-        # and a later cycle finds the task finished again. With the ORM broker the task
-        # row commits together with the claim.
-        with transaction.atomic():
-            held = Job.objects.fenced(job.id, token).update(
-                poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS), poll_failures=0
-            )
-            if not held:
-                return "skipped"
-            enqueue.enqueue_collection(job.id, token)
-        return "finished"
+        return _hand_to_collector(job, token, now=now)
     if isinstance(state, Failed):
-        return apply_failed(job, token, provider, state)
-    return "unknown"
+        return apply_failed(job, token, state, max_attempts=provider.max_attempts, recorded_by=WORKER)
+    return Applied.UNKNOWN
 
 
-def _give_up_checking(job, token, reason: str) -> str:
+def _time_out(job: Job, token) -> Applied:
+    minutes = settings.JOB_PROCESSING_TIMEOUT_MS / 60000
+    reason = (
+        f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]}); "
+        "retrying checks the task again before submitting anew"
+    )
+    with transaction.atomic():
+        # The task id stays: a retry looks at the task first and collects it if it
+        # finished late, instead of paying for a new one.
+        if not transitions.job_fail(job.id, token, reason=reason, error_class="timeout"):
+            return Applied.SKIPPED
+        attempt_record(job, outcome=Outcome.TIMEOUT, reason=reason, worker=WORKER)
+    return Applied.TIMEOUT
+
+
+def _check_failed(job: Job, token, error: Exception, *, now) -> Applied:
+    """A check that raised never fails the job by itself; the processing timeout does.
+    An account problem pauses the provider; a run of refusals fails the job."""
+    provider = job.active_provider
+    reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
+    if isinstance(error, AccountError):
+        # The key or the credit, not the task: the owner must act. The task is paid
+        # for, so it keeps being checked (a fixed key collects it).
+        pause_for_account(provider, reason)
+    elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
+        return _give_up_checking(job, token, reason)
+    log.info("poll of job %s failed (%s); will poll again", job.id, reason)
+    _release_claim(job.id, token, family=provider.family, now=now, poll_failures=F("poll_failures") + 1)
+    return Applied.ERROR
+
+
+def _hand_to_collector(job: Job, token, *, now) -> Applied:
+    # Hold the claim while a worker collects; if that worker dies, the claim lapses
+    # and a later cycle finds the task finished again. With the ORM broker the task
+    # row commits together with the claim.
+    with transaction.atomic():
+        held = Job.objects.fenced(job.id, token).update(
+            poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS), poll_failures=0
+        )
+        if not held:
+            return Applied.SKIPPED
+        enqueue.enqueue_collection(job.id, token)
+    return Applied.FINISHED
+
+
+def _give_up_checking(job: Job, token, reason: str) -> Applied:
     """The provider keeps refusing to report on the task (400/403/422, not a hiccup): fail
     the job readably instead of polling until the processing timeout. The task id goes:
     nothing can be learnt about it, so a retry submits anew."""
     reason = f"the provider refused {POLL_REFUSALS_TO_FAIL} status checks in a row for task {job.task_id[:40]}: {reason}"
     with transaction.atomic():
         if not transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False):
-            return "skipped"
-        attempt_record(job, outcome=JobAttempt.Outcome.PERMANENT, reason=reason)
-    return "failed"
+            return Applied.SKIPPED
+        attempt_record(job, outcome=Outcome.PERMANENT, reason=reason, worker=WORKER)
+    return Applied.FAILED

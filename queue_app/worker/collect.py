@@ -11,43 +11,49 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from queue_app import providers
-from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
-from queue_app.engine.results import apply_failed, collect_outputs, detached_job
+from queue_app.engine.results import Applied, apply_failed, detached_job, store_outputs
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt
+from queue_app.models import Job
 from queue_app.providers import adapter_for
 from queue_app.providers.base import Failed, Finished, ProviderError
 
 
-def collect_task(job_id, token) -> None:
+def collect_task(job_id, token) -> Applied:
     """Worker side of a finished remote task: re-read it (fresh output URLs) and store the
     outputs through the output writer, which completes the job and frees its slot."""
     close_old_connections()
     job = detached_job(job_id, token)
     if job is None:
-        return
+        return Applied.SKIPPED
     # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
     # and healing hands the job back to the poller (which finds the task finished again).
     attempt = attempt_begin(job, token)
     if attempt is None:
-        return
+        return Applied.SKIPPED
     provider = job.active_provider
-    back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
     with LeaseKeeper(job.id, token):
         try:
             request = resolved_job(job, provider)
             state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
         except Exception as error:
             reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-            attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
-            Job.objects.fenced(job.id, token).update(**back_to_polling)
-            return
+            attempt_finish(attempt.id, Outcome.TRANSIENT, f"collect check failed: {reason}")
+            return _back_to_polling(job.id, token)
         if isinstance(state, Finished):
-            reconnecting_once(collect_outputs, job, token, provider, attempt, state.outputs)
-        elif isinstance(state, Failed):
-            attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
-            apply_failed(job, token, provider, state, record=False)
-        else:
-            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
-            Job.objects.fenced(job.id, token).update(**back_to_polling)
+            secrets = (provider.api_key, provider.api_secret)
+            return reconnecting_once(job.id, lambda: store_outputs(job.id, token, attempt.id, state.outputs, secrets=secrets))
+        if isinstance(state, Failed):
+            attempt_finish(attempt.id, Outcome.PERMANENT if state.permanent else Outcome.TRANSIENT, state.reason)
+            return apply_failed(job, token, state, max_attempts=provider.max_attempts)
+        attempt_finish(attempt.id, Outcome.DETACHED, "still running")
+        return _back_to_polling(job.id, token)
+
+
+def _back_to_polling(job_id, token) -> Applied:
+    """The task is not ready to collect after all: the poller checks it again now."""
+    changed = Job.objects.fenced(job_id, token).update(
+        poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner=""
+    )
+    return Applied.RUNNING if changed else Applied.SKIPPED

@@ -21,11 +21,11 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import backoff, dispatch, failpoints, transitions
-from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine import dispatch, failpoints, transitions
+from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
-from queue_app.engine.results import collect_outputs
+from queue_app.engine.results import Applied, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, JobAttempt, Provider
 from queue_app.providers import adapter_for, poll_seconds
@@ -101,7 +101,7 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
         # the Retry-After window. The attempt is refunded like the 429 itself.
-        attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
+        attempt_finish(attempt.id, Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
         transitions.job_requeue(
             job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
         )
@@ -116,10 +116,10 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
         log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
+        attempt_finish(attempt.id, Outcome.LOCAL, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="local")
         return provider.id
-    return reconnecting_once(_apply, job, token, provider, attempt, keeper, result)
+    return reconnecting_once(job.id, lambda: _apply(job, token, provider, attempt, keeper, result))
 
 
 def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, result) -> int | None:
@@ -127,16 +127,18 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
     if isinstance(result, ProviderError):
         return _handle_failure(job, token, provider, attempt, result)
     if keeper.lost.is_set():
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "lease lost while the provider worked")
+        attempt_finish(attempt.id, Outcome.LOST, "lease lost while the provider worked")
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
         if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=poll_seconds(provider.family)):
-            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, task_id=result.task_id)
+            attempt_finish(attempt.id, Outcome.DETACHED, task_id=result.task_id)
         else:
-            attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the task id was stored", result.task_id)
+            attempt_finish(attempt.id, Outcome.LOST, "job taken before the task id was stored", result.task_id)
         return None
-    return collect_outputs(job, token, provider, attempt, result.outputs)
+    secrets = (provider.api_key, provider.api_secret)
+    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets)
+    return None if stored is Applied.SKIPPED else provider.id
 
 
 def _adopt(adapter, job: Job, request):
@@ -161,24 +163,19 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         # Not this job's fault: pause the provider until a person fixes the account, and
         # keep the job queued for then.
         pause_for_account(provider, reason)
-        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        attempt_finish(attempt.id, Outcome.PERMANENT, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
         return None
     if isinstance(error, PermanentError):
-        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        attempt_finish(attempt.id, Outcome.PERMANENT, reason)
         transitions.job_fail(job.id, token, reason=reason, error_class="permanent")
         return provider.id
     if isinstance(error, TransientError) and error.delay:
         cool_down(provider.id, error.delay)
-        attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, reason)
+        attempt_finish(attempt.id, Outcome.RATE_LIMITED, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
         return None  # the provider is cooling down: nothing to refill now
-    outcome = JobAttempt.Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else JobAttempt.Outcome.TRANSIENT
+    outcome = Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else Outcome.TRANSIENT
     attempt_finish(attempt.id, outcome, reason)
-    if job.attempts >= provider.max_attempts:
-        transitions.job_fail(
-            job.id, token, reason=f"gave up after {job.attempts} attempts, last: {reason}", error_class=error.error_class
-        )
-    else:
-        transitions.job_requeue(job.id, token, reason=reason, error_class=error.error_class, delay=backoff.delay(job.attempts))
+    retry_or_give_up(job, token, max_attempts=provider.max_attempts, reason=reason, error_class=error.error_class)
     return provider.id
