@@ -24,7 +24,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 
 from queue_app.engine import enqueue, runners, snapshot, transitions
-from queue_app.models import Job, Kind, Provider, Status
+from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def dispatchable_jobs(provider_id: int):
     return (
         Job.objects.filter(status=Status.PENDING)
         .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
-        .exclude(project__kind=Kind.COMFYUI)
+        .exclude(project__kind__in=runners.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .order_by("queued_at", "created_at", "id")
     )
@@ -158,7 +158,7 @@ def providers_with_work() -> list[int]:
     and a free slot — the safety net's to-do list (two small grouped queries)."""
     pending = (
         Job.objects.filter(status=Status.PENDING)
-        .exclude(project__kind=Kind.COMFYUI)
+        .exclude(project__kind__in=runners.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .values_list("provider_id", "project__provider_id")
         .distinct()

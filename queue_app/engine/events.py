@@ -5,7 +5,7 @@ the project's next sequence number; after commit it is offered to the channel la
 The layer is best effort (every layer is at-most-once); the rows are the truth, and a
 client that reconnects asks for what it missed after its last sequence number. In the
 embedded default the worker processes cannot reach daphne's in-memory layer, so daphne
-relays new rows itself (see consumers.py).
+relays new rows itself (web/live/relay.py).
 """
 
 import asyncio

@@ -39,12 +39,12 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from queue_app import providers
-from queue_app.engine import enqueue, events, failpoints, transitions
+from queue_app.engine import enqueue, events, failpoints, runners, transitions
 from queue_app.engine.attempts import Outcome, attempt_record
 from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.results import Applied, apply_failed, detached_job
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, Kind, Status
+from queue_app.models import Job, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
@@ -82,7 +82,7 @@ def claim_due(
     due = (
         Job.objects.filter(status=Status.PROCESSING, next_poll_at__lte=now)
         .exclude(task_id="")
-        .exclude(project__kind=Kind.COMFYUI)
+        .exclude(project__kind__in=runners.kinds())
         .filter(Q(poll_claimed_until__isnull=True) | Q(poll_claimed_until__lt=now))
         # a collector at work holds a live lease: leave the job to it
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))

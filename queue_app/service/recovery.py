@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from queue_app.engine import backoff, dispatch, heartbeats, runners, transitions
 from queue_app.engine.attempts import attempts_interrupt
-from queue_app.models import Job, Kind, Status
+from queue_app.models import Job, Status
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def heal(*, include_dead_owners: bool = True) -> int:
 def _heal(*, include_dead_owners: bool) -> int:
     stalled = (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
-        .exclude(project__kind__in=list(runners.RUNNERS))
+        .exclude(project__kind__in=runners.kinds())
         .values_list("id", "lease_owner", "attempts", "active_provider__max_attempts", "lease_expires_at")
     )
     now = timezone.now()
@@ -88,7 +88,7 @@ def _heal(*, include_dead_owners: bool) -> int:
     adopting = (
         Job.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
         .exclude(task_id="")
-        .exclude(project__kind__in=list(runners.RUNNERS))
+        .exclude(project__kind__in=runners.kinds())
     )
     for rows in _batches(adopting.values_list("id")):
         ids = [row[0] for row in rows]
@@ -118,7 +118,10 @@ def _recover() -> dict:
     counts["healed"] = heal()
     now = timezone.now()
     detached = (
-        Job.objects.filter(status=Status.PROCESSING).exclude(task_id="").exclude(project__kind=Kind.COMFYUI).values_list("id")
+        Job.objects.filter(status=Status.PROCESSING)
+        .exclude(task_id="")
+        .exclude(project__kind__in=runners.kinds())
+        .values_list("id")
     )
     for rows in _batches(detached):
         ids = [row[0] for row in rows]
