@@ -222,10 +222,6 @@ class Job(models.Model):
     def __str__(self):
         return f"job {self.pk} ({self.status})"
 
-    @property
-    def is_detached(self) -> bool:
-        return self.status == Status.PROCESSING and bool(self.task_id)
-
 
 class JobAttempt(models.Model):
     """Append-only: one row per execution attempt of a job."""

@@ -37,7 +37,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENT_STATUS = {
     "job.drafted": Status.DRAFT,
-    "job.unstarted": Status.DRAFT,
     "job.started": Status.PENDING,
     "job.retried": Status.PENDING,
     "job.requeued": Status.PENDING,

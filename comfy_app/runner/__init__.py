@@ -29,7 +29,7 @@ from django.db.models.functions import Now
 from comfy_app.models import ComfyInstance, ComfyRun
 from comfy_app.runner.check import check_instance
 from comfy_app.runner.claim import claim_pending, in_flight_count
-from comfy_app.runner.instance import client_for, release_drivers
+from comfy_app.runner.instance import client_for
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Kind, Status
 
@@ -43,10 +43,6 @@ Phase = ComfyRun.Phase
 def websocket_enabled() -> bool:
     """The WebSocket accelerator (settings.COMFY_WEBSOCKET, on by default)."""
     return bool(settings.COMFY_WEBSOCKET)
-
-
-def max_attempts() -> int:
-    return settings.DEFAULT_MAX_ATTEMPTS
 
 
 class ComfyRunner:
@@ -68,9 +64,6 @@ class ComfyRunner:
                 claim_pending(project_id)
             except Exception:
                 log.warning("ComfyUI claim for project %s failed; the runner's tick retries", project_id, exc_info=True)
-
-    def owns(self, job) -> bool:
-        return job.project.kind == Kind.COMFYUI
 
     def recover(self) -> int:
         """Adopt in-flight work after a restart: submissions and downloads whose worker is
@@ -155,13 +148,6 @@ class ComfyRunner:
             self.listeners.ensure(instance_id, instance.base_url, instance.client_id, client_for(instance))
         else:
             self.listeners.drop(instance_id)
-
-    def shutdown(self) -> None:
-        if self.listeners is not None:
-            self.listeners.stop_all()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        release_drivers(heartbeats.process_name())
 
 
 RUNNER = ComfyRunner()

@@ -30,11 +30,6 @@ def acquire_driver(instance_id: int, owner: str) -> bool:
     return False
 
 
-def release_drivers(owner: str) -> None:
-    """A stopping queue service lets go of every instance it drives."""
-    ComfyInstance.objects.filter(driver=owner).update(driver="", driver_until=None)
-
-
 def mark_unreachable(instance_id: int, reason: str, now) -> None:
     ComfyInstance.objects.filter(id=instance_id, unreachable_since__isnull=True).update(unreachable_since=now)
     ComfyInstance.objects.filter(id=instance_id).update(last_error=reason[:2000])

@@ -1,8 +1,8 @@
 """Every change of a job's status, each one compare-and-set.
 
     draft ──start──▶ pending ──claim──▶ processing ──complete──▶ completed
-      ▲                │ ▲                 │  │
-      └───unstart──────┘ └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
+                         ▲                 │  │
+                         └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
 
 A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
 one row changed. From the wrong state it is a no-op that returns False — never an
@@ -78,18 +78,6 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
             project_ids={row[1] for row in rows},
         )
     return ids
-
-
-def job_unstart(job_id) -> bool:
-    """pending → draft, for a job no worker has claimed yet."""
-    with transaction.atomic(savepoint=False):
-        job = Job.objects.filter(id=job_id).values("project_id").first()
-        if not job:
-            return False
-        if not Job.objects.filter(id=job_id, status=Status.PENDING).update(status=Status.DRAFT, queued_at=None):
-            return False
-        events.emit(job["project_id"], "job.unstarted", job_id, Status.DRAFT)
-    return True
 
 
 def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: str) -> uuid.UUID | None:
