@@ -29,6 +29,7 @@ from comfy_app.runner.instance import acquire_driver, client_for, mark_unreachab
 from queue_app.engine import backoff, enqueue, heartbeats, transitions
 from queue_app.engine.attempts import Outcome, attempt_record
 from queue_app.engine.leases import lease_reissue
+from queue_app.engine.results import fail_checked
 from queue_app.models import Job, Status
 
 CHECK_FAILURE_LIMIT = 3
@@ -88,8 +89,15 @@ def locate(client: comfy.ComfyClient, prompt_id: str, nonce: str) -> tuple[Where
 
 
 def _fail(job: Job, reason: str, *, error_class: str, keep_task_id: bool, outcome: Outcome = Outcome.PERMANENT) -> bool:
-    attempt_record(job, outcome=outcome, reason=reason, worker=WORKER)
-    return transitions.job_fail(job.id, job.lease_token, reason=reason, error_class=error_class, keep_task_id=keep_task_id)
+    return fail_checked(
+        job,
+        job.lease_token,
+        recorded_by=WORKER,
+        outcome=outcome,
+        reason=reason,
+        error_class=error_class,
+        keep_task_id=keep_task_id,
+    )
 
 
 def check_instance(instance_id: int, *, now=None, owner: str | None = None) -> dict:

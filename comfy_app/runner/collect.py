@@ -18,10 +18,10 @@ from comfy_app import client as comfy
 from comfy_app.models import ComfyRun
 from comfy_app.runner.claim import take_claimed
 from comfy_app.runner.instance import client_for
-from queue_app.engine import enqueue, transitions
-from queue_app.engine.attempts import Outcome, attempt_finish
+from queue_app.engine import enqueue
+from queue_app.engine.attempts import Outcome
 from queue_app.engine.leases import LeaseKeeper, lease_reissue
-from queue_app.engine.results import Applied, store_outputs
+from queue_app.engine.results import Applied, fail_job, store_outputs
 from queue_app.models import Job
 from queue_app.providers import net
 from queue_app.providers.base import Output
@@ -139,14 +139,20 @@ def collect_prompt(job_id, token) -> Collected:
             results = _fetch(client_for(instance), job, run)
             if not results:
                 reason = "ComfyUI finished the prompt but the workflow saved no output files (add a SaveImage node)"
-                attempt_finish(attempt.id, Outcome.PERMANENT, reason)
-                transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False)
+                fail_job(
+                    job.id,
+                    token,
+                    attempt.id,
+                    outcome=Outcome.PERMANENT,
+                    reason=reason,
+                    error_class="permanent",
+                    keep_task_id=False,
+                )
                 return Collected.NO_OUTPUT
             stored = store_outputs(job.id, token, attempt.id, results, source="ComfyUI", retry_hint=KEEP)
     except OutputGone as error:
         reason = f"the output file {error} is no longer on the ComfyUI instance; retry the job to generate it again"
-        attempt_finish(attempt.id, Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local", keep_task_id=False)
+        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local", keep_task_id=False)
         return Collected.GONE
     except DatabaseError:
         log.error("database error while collecting job %s", job.id, exc_info=True)
@@ -156,8 +162,7 @@ def collect_prompt(job_id, token) -> Collected:
         detail = error.reason if isinstance(error, comfy.ComfyError) else str(error) or type(error).__name__
         reason = f"downloading the result from ComfyUI failed: {detail}. {KEEP}"
         log.warning("job %s: %s", job.id, reason)
-        attempt_finish(attempt.id, Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local")
+        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local")
         return Collected.FAILED
     if stored is Applied.COMPLETED:
         ComfyRun.objects.filter(job_id=job.id).update(phase=Phase.DONE)

@@ -22,6 +22,7 @@ from comfy_app.runner.instance import client_for, mark_unreachable
 from queue_app.engine import transitions
 from queue_app.engine.attempts import Outcome, attempt_finish
 from queue_app.engine.leases import LeaseKeeper
+from queue_app.engine.results import fail_job
 from queue_app.models import Job
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,7 @@ def submit_prompt(job_id, token) -> Submission:
         return Submission.AMBIGUOUS
     except (comfy.ComfyError, workflow.WorkflowError) as error:
         reason = error.reason if isinstance(error, comfy.ComfyError) else str(error)
-        attempt_finish(attempt.id, Outcome.PERMANENT, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False)
+        fail_job(job.id, token, attempt.id, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent", keep_task_id=False)
         return Submission.REJECTED
     except DatabaseError:
         log.error("database error while submitting job %s", job.id, exc_info=True)
@@ -84,8 +84,7 @@ def submit_prompt(job_id, token) -> Submission:
     except Exception as error:  # a bug or an unexpected answer: this job fails, the rest run
         log.exception("job %s: unexpected error while submitting to ComfyUI", job.id)
         reason = f"internal error while submitting to ComfyUI: {type(error).__name__}"
-        attempt_finish(attempt.id, Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local", keep_task_id=False)
+        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local", keep_task_id=False)
         return Submission.ERROR
     return _submitted(job.id, token, attempt.id, result)
 

@@ -6,7 +6,9 @@
   already paid for instead of paying again;
 - `apply_failed`: a remote task that ended without a result;
 - `retry_or_give_up`: a failure worth another try goes back to pending after a backoff,
-  until the job's tries are used up.
+  until the job's tries are used up;
+- `fail_job` (a worker's open attempt ends and fails the job) and `fail_checked` (a check
+  fails the job and records what it found as an attempt of its own).
 """
 
 import logging
@@ -35,6 +37,25 @@ class Applied(StrEnum):
     TIMEOUT = "timeout"  # failed: no result within the processing timeout
     ERROR = "error"  # the check failed; the job is checked again later
     UNKNOWN = "unknown"  # an answer no adapter should give
+
+
+def fail_job(job_id, token, attempt_id, *, outcome: Outcome, reason: str, error_class: str, keep_task_id: bool = True) -> bool:
+    """The worker's attempt ends with `outcome` and the job fails with `reason`. The task
+    id stays unless the remote task is known dead, so a retry can collect its result."""
+    attempt_finish(attempt_id, outcome, reason)
+    return transitions.job_fail(job_id, token, reason=reason, error_class=error_class, keep_task_id=keep_task_id)
+
+
+def fail_checked(
+    job: Job, token, *, recorded_by: str, outcome: Outcome, reason: str, error_class: str, keep_task_id: bool = True
+) -> bool:
+    """A check (the poller's, a runner's) fails the job; what it found is recorded as an
+    attempt of its own, in the same commit, and only when the job did fail."""
+    with transaction.atomic():
+        if not transitions.job_fail(job.id, token, reason=reason, error_class=error_class, keep_task_id=keep_task_id):
+            return False
+        attempt_record(job, outcome=outcome, reason=reason, worker=recorded_by)
+    return True
 
 
 def detached_job(job_id, token) -> Job | None:

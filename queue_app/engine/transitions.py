@@ -234,26 +234,14 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
     if dead_owner:
         lease_gone |= Q(lease_owner=dead_owner)
-    with transaction.atomic(savepoint=False):
-        job = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
-            .filter(lease_gone)
-            .values("project_id", "active_provider_id", "lease_token")
-            .first()
-        )
-        if not job:
-            return False
-        changed = (
-            Job.objects.fenced(job_id, job["lease_token"])
-            .filter(task_id="")
-            .filter(lease_gone)
-            .update(status=Status.PENDING, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local")
-        )
-        if not changed:
-            return False
-        events.emit(job["project_id"], "job.healed", job_id, Status.PENDING, {"reason": reason})
-        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
-    return True
+    return _leave_stalled(
+        job_id,
+        lease_gone=lease_gone,
+        new_status=Status.PENDING,
+        kind="job.healed",
+        fields=dict(error=reason, error_class="local"),
+        payload={"reason": reason},
+    )
 
 
 def jobs_heal(job_ids, *, reason: str) -> list:
@@ -283,9 +271,24 @@ def jobs_heal(job_ids, *, reason: str) -> list:
 def job_fail_stalled(job_id, *, reason: str) -> bool:
     """processing (lease expired, attempts used up) → failed: a job that keeps losing its
     worker is not tried forever."""
+    return _leave_stalled(
+        job_id,
+        lease_gone=Q(lease_expires_at__lt=Now()),
+        new_status=Status.FAILED,
+        kind="job.failed",
+        fields=dict(error=reason, error_class="local", finished_at=timezone.now()),
+        payload={"error": reason},
+    )
+
+
+def _leave_stalled(job_id, *, lease_gone: Q, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
+    """A running job (no task id) whose worker is gone leaves processing: its lease token
+    is read under `lease_gone`, then the compare-and-set matches that token and
+    `lease_gone` again, so a worker that renewed meanwhile keeps its job."""
     with transaction.atomic(savepoint=False):
         job = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_expires_at__lt=Now())
+            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
+            .filter(lease_gone)
             .values("project_id", "active_provider_id", "lease_token")
             .first()
         )
@@ -293,19 +296,13 @@ def job_fail_stalled(job_id, *, reason: str) -> bool:
             return False
         changed = (
             Job.objects.fenced(job_id, job["lease_token"])
-            .filter(task_id="", lease_expires_at__lt=Now())
-            .update(
-                status=Status.FAILED,
-                **SLOT_RELEASED,
-                lease_token=None,
-                error=reason,
-                error_class="local",
-                finished_at=timezone.now(),
-            )
+            .filter(task_id="")
+            .filter(lease_gone)
+            .update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
         )
         if not changed:
             return False
-        events.emit(job["project_id"], "job.failed", job_id, Status.FAILED, {"error": reason})
+        events.emit(job["project_id"], kind, job_id, new_status, payload)
         _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
     return True
 

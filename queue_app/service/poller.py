@@ -39,10 +39,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from queue_app import providers
-from queue_app.engine import enqueue, events, failpoints, runners, transitions
-from queue_app.engine.attempts import Outcome, attempt_record
+from queue_app.engine import enqueue, events, failpoints, runners
+from queue_app.engine.attempts import Outcome
 from queue_app.engine.provider_state import pause_for_account
-from queue_app.engine.results import Applied, apply_failed, detached_job
+from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, Status
 from queue_app.providers import adapter_for
@@ -267,13 +267,10 @@ def _time_out(job: Job, token) -> Applied:
         f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]}); "
         "retrying checks the task again before submitting anew"
     )
-    with transaction.atomic():
-        # The task id stays: a retry looks at the task first and collects it if it
-        # finished late, instead of paying for a new one.
-        if not transitions.job_fail(job.id, token, reason=reason, error_class="timeout"):
-            return Applied.SKIPPED
-        attempt_record(job, outcome=Outcome.TIMEOUT, reason=reason, worker=WORKER)
-    return Applied.TIMEOUT
+    # The task id stays: a retry looks at the task first and collects it if it finished
+    # late, instead of paying for a new one.
+    failed = fail_checked(job, token, recorded_by=WORKER, outcome=Outcome.TIMEOUT, reason=reason, error_class="timeout")
+    return Applied.TIMEOUT if failed else Applied.SKIPPED
 
 
 def _check_failed(job: Job, token, error: Exception, *, now) -> Applied:
@@ -311,8 +308,7 @@ def _give_up_checking(job: Job, token, reason: str) -> Applied:
     the job readably instead of polling until the processing timeout. The task id goes:
     nothing can be learnt about it, so a retry submits anew."""
     reason = f"the provider refused {POLL_REFUSALS_TO_FAIL} status checks in a row for task {job.task_id[:40]}: {reason}"
-    with transaction.atomic():
-        if not transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False):
-            return Applied.SKIPPED
-        attempt_record(job, outcome=Outcome.PERMANENT, reason=reason, worker=WORKER)
-    return Applied.FAILED
+    failed = fail_checked(
+        job, token, recorded_by=WORKER, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent", keep_task_id=False
+    )
+    return Applied.FAILED if failed else Applied.SKIPPED

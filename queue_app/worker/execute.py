@@ -25,7 +25,7 @@ from queue_app.engine import dispatch, failpoints, transitions
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
-from queue_app.engine.results import Applied, retry_or_give_up, store_outputs
+from queue_app.engine.results import Applied, fail_job, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, JobAttempt, Provider
 from queue_app.providers import adapter_for, poll_seconds
@@ -116,8 +116,7 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
         log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
-        attempt_finish(attempt.id, Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local")
+        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local")
         return provider.id
     return reconnecting_once(job.id, lambda: _apply(job, token, provider, attempt, keeper, result))
 
@@ -167,8 +166,7 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
         return None
     if isinstance(error, PermanentError):
-        attempt_finish(attempt.id, Outcome.PERMANENT, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="permanent")
+        fail_job(job.id, token, attempt.id, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent")
         return provider.id
     if isinstance(error, TransientError) and error.delay:
         cool_down(provider.id, error.delay)
