@@ -84,11 +84,11 @@ def main(argv=None) -> int:
     from django.db import connection, connections
     from django.utils import timezone
 
-    from queue_app import tasks
+    from queue_app.engine import enqueue
     from queue_app.models import AccountSettings, Job, JobAttempt, Project, Provider, Status
     from queue_app.service import poller, recovery
 
-    tasks._enqueue = lambda func, *args: None  # no broker: nothing runs the claims here
+    enqueue.enqueue_task = lambda func, *args: None  # no broker: nothing runs the claims here
     user = get_user_model().objects.create_user(username="bench", password="bench-pw-unused")
     AccountSettings.objects.create(user=user)
 

@@ -130,6 +130,14 @@ class Project(models.Model):
         return self.name
 
 
+class JobQuerySet(models.QuerySet):
+    def fenced(self, job_id, token):
+        """The job while it is processing under the lease `token`. Every write of an
+        execution filters through this: a write that matches no row means the job was
+        taken from its worker (healed, cleared, retried), which then writes nothing."""
+        return self.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="jobs")
@@ -179,6 +187,8 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = JobQuerySet.as_manager()
+
     class Meta:
         ordering = ["created_at", "id"]
         indexes = [
@@ -211,10 +221,6 @@ class Job(models.Model):
 
     def __str__(self):
         return f"job {self.pk} ({self.status})"
-
-    @property
-    def is_detached(self) -> bool:
-        return self.status == Status.PROCESSING and bool(self.task_id)
 
 
 class JobAttempt(models.Model):

@@ -283,15 +283,3 @@ def idempotent(*, user, key: str | None, scope: str, body, run):
         raise
     IdempotencyKey.objects.filter(id=record.id).update(response=payload, status_code=status)
     return payload, status
-
-
-def jobs_start_idempotent(*, user, project: Project, job_ids=None, all_drafts=False, key: str | None = None) -> dict:
-    body = {"project": project.id, "job_ids": sorted(map(str, job_ids or [])), "all_drafts": all_drafts}
-    payload, _ = idempotent(
-        user=user,
-        key=key,
-        scope="jobs_start",
-        body=body,
-        run=lambda: (jobs_start(user=user, project=project, job_ids=job_ids, all_drafts=all_drafts), 200),
-    )
-    return payload

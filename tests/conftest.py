@@ -123,7 +123,7 @@ class InlineTasks:
 @pytest.fixture
 def inline_tasks(monkeypatch):
     tasks = InlineTasks()
-    monkeypatch.setattr("queue_app.tasks._enqueue", tasks)
+    monkeypatch.setattr("queue_app.engine.enqueue.enqueue_task", tasks)
     return tasks
 
 

@@ -225,6 +225,19 @@ def test_idempotency_refuses_a_different_body_with_422(api, project):
     assert post(api, f"/api/projects/{project.id}/start", {"all_drafts": True}, HTTP_IDEMPOTENCY_KEY="k-2").status_code == 422
 
 
+def test_an_idempotent_start_replays_the_first_result_and_refuses_a_different_request(api, project):
+    jobs = make_drafts(project, 2)
+    Provider.objects.filter(id=project.provider_id).update(paused=True)  # nothing runs: the answer alone counts
+    path = f"/api/projects/{project.id}/start"
+    first = post(api, path, {"job_ids": [str(jobs[0].id)]}, HTTP_IDEMPOTENCY_KEY="start-1")
+    again = post(api, path, {"job_ids": [str(jobs[0].id)]}, HTTP_IDEMPOTENCY_KEY="start-1")
+    assert first.status_code == again.status_code == 200
+    assert first.json() == again.json() and first.json()["started"] == [str(jobs[0].id)]
+    other = post(api, path, {"job_ids": [str(jobs[1].id)]}, HTTP_IDEMPOTENCY_KEY="start-1")
+    assert other.status_code == 422
+    assert Job.objects.get(id=jobs[1].id).status == Status.DRAFT
+
+
 def test_idempotency_answers_409_while_the_first_request_runs(api, owner, project):
     body = {"prompt": "a fox"}
     IdempotencyKey.objects.create(

@@ -11,6 +11,8 @@ from django.utils import timezone
 from comfy_app import client as comfy
 from comfy_app import runner
 from comfy_app.models import ComfyInstance, ComfyRun
+from comfy_app.runner import check, claim
+from comfy_app.runner.instance import acquire_driver
 from queue_app import services
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from tests.conftest import make_drafts, make_project
@@ -45,7 +47,7 @@ def drive(instance, inline_tasks, until, *, timeout=20.0, now=None, checks=None)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         inline_tasks.run()
-        result = runner.check_instance(instance.id, now=now)
+        result = check.check_instance(instance.id, now=now)
         if checks is not None:
             checks.append(result)
         inline_tasks.run()
@@ -131,7 +133,7 @@ def test_the_instance_never_holds_more_than_two_prompts(owner, fake, inline_task
     fake.default = Script(seconds=0.15)
     jobs = start(owner, project, 7)
     seen = []
-    drive(instance, inline_tasks, lambda: seen.append(runner.in_flight_count(project.id)) or done(*jobs)(), timeout=60)
+    drive(instance, inline_tasks, lambda: seen.append(claim.in_flight_count(project.id)) or done(*jobs)(), timeout=60)
     assert [job_of(j).status for j in jobs] == [Status.COMPLETED] * 7
     assert fake.max_in_flight == 2 and max(seen) <= 2
     assert len(fake.posted) == 7
@@ -144,7 +146,7 @@ def test_a_finished_prompt_stops_counting_so_the_next_job_is_sent_while_it_downl
     inline_tasks.run()  # the two submissions
     assert len(fake.posted) == 2 and job_of(third).status == Status.PENDING
     wait_fake(fake, lambda: len(fake.runs) == 1)
-    result = runner.check_instance(instance.id)
+    result = check.check_instance(instance.id)
     assert result["finished"] == 1 and result["claimed"] == 1
     assert ComfyRun.objects.get(job=first).phase == "collecting" and job_of(first).status == Status.PROCESSING
     # the third job is claimed and its submission queued before the first one's download ran
@@ -241,7 +243,7 @@ def test_history_entries_are_matched_to_the_run_not_just_the_prompt_id(owner, fa
         "status": {"status_str": "error", "completed": False, "messages": []},
     }
     entry = comfy.ComfyClient(fake.url).history(prompt_id)
-    assert not runner._is_ours(entry, ComfyRun.objects.get(job=job).nonce)
+    assert not check.is_ours(entry, ComfyRun.objects.get(job=job).nonce)
     drive(instance, inline_tasks, done(job))
     assert job_of(job).status == Status.COMPLETED
 
@@ -263,10 +265,10 @@ def test_a_prompt_comfyui_no_longer_knows_fails_after_a_few_checks(owner, fake, 
     fake.interrupt_all()
     wait_fake(fake, lambda: fake.running is None)
     fake.history.clear()
-    for _ in range(runner.MISSING_GRACE_CHECKS):
-        runner.check_instance(instance.id)
+    for _ in range(check.MISSING_GRACE_CHECKS):
+        check.check_instance(instance.id)
         assert job_of(job).status == Status.PROCESSING
-    runner.check_instance(instance.id)
+    check.check_instance(instance.id)
     job = job_of(job)
     assert job.status == Status.FAILED and "no longer knows this prompt" in job.error and job.task_id == ""
 
@@ -330,9 +332,9 @@ def test_three_failed_checks_fail_the_job_keeping_its_prompt_id_and_a_retry_coll
     inline_tasks.run()
     fake.fail_next(3)
     for _ in range(2):
-        runner.check_instance(instance.id)
+        check.check_instance(instance.id)
         assert job_of(job).status == Status.PROCESSING
-    runner.check_instance(instance.id)
+    check.check_instance(instance.id)
     failed = job_of(job)
     assert failed.status == Status.FAILED and "failed 3 times in a row" in failed.error and "HTTP 500" in failed.error
     assert failed.task_id == fake.posted[0]["prompt_id"]
@@ -349,10 +351,10 @@ def test_a_check_that_succeeds_resets_the_failure_count(owner, fake, inline_task
     [job] = start(owner, project)
     inline_tasks.run()
     fake.drop_next(1)  # a dropped connection is a failed check, not an unreachable instance
-    runner.check_instance(instance.id)
+    check.check_instance(instance.id)
     assert job_of(job).poll_failures == 1
     assert ComfyInstance.objects.get(id=instance.id).unreachable_since is None
-    runner.check_instance(instance.id)
+    check.check_instance(instance.id)
     assert job_of(job).poll_failures == 0
 
 
@@ -363,10 +365,10 @@ def test_an_instance_unreachable_for_ten_minutes_fails_its_in_flight_jobs(owner,
     inline_tasks.run()
     fake.refuse()
     t0 = timezone.now()
-    runner.check_instance(instance.id, now=t0)
-    runner.check_instance(instance.id, now=t0 + timedelta(minutes=9, seconds=59))
+    check.check_instance(instance.id, now=t0)
+    check.check_instance(instance.id, now=t0 + timedelta(minutes=9, seconds=59))
     assert job_of(job).status == Status.PROCESSING
-    runner.check_instance(instance.id, now=t0 + timedelta(minutes=10))
+    check.check_instance(instance.id, now=t0 + timedelta(minutes=10))
     job = job_of(job)
     assert job.status == Status.FAILED
     assert "unreachable for 10 minutes" in job.error and "connection refused" in job.error
@@ -381,7 +383,7 @@ def test_an_instance_that_comes_back_within_ten_minutes_carries_on(owner, fake, 
     inline_tasks.run()
     fake.refuse()
     t0 = timezone.now()
-    runner.check_instance(instance.id, now=t0)
+    check.check_instance(instance.id, now=t0)
     assert ComfyInstance.objects.get(id=instance.id).unreachable_since == t0
     fake.accept()
     drive(instance, inline_tasks, done(job), now=t0 + timedelta(minutes=9))
@@ -407,7 +409,7 @@ def test_a_hanging_prompt_times_out_and_is_interrupted(owner, fake, inline_tasks
     [job] = start(owner, project)
     inline_tasks.run()
     wait_fake(fake, lambda: fake.running is not None)
-    runner.check_instance(instance.id, now=timezone.now() + timedelta(minutes=2))
+    check.check_instance(instance.id, now=timezone.now() + timedelta(minutes=2))
     job = job_of(job)
     assert job.status == Status.FAILED and job.error_class == "timeout"
     wait_fake(fake, lambda: fake.running is None)  # our interrupt reached it
@@ -525,12 +527,12 @@ def test_two_queue_services_never_drive_the_same_instance(owner, fake, inline_ta
     fake.plan(Script(seconds=5))
     start(owner, project)
     inline_tasks.run()
-    assert runner.check_instance(instance.id, owner="hostA:1")["driving"]
-    assert not runner.acquire_driver(instance.id, "hostB:2")
-    other = runner.check_instance(instance.id, owner="hostB:2")
+    assert check.check_instance(instance.id, owner="hostA:1")["driving"]
+    assert not acquire_driver(instance.id, "hostB:2")
+    other = check.check_instance(instance.id, owner="hostB:2")
     assert other == {"checked": 0, "finished": 0, "failed": 0, "claimed": 0, "driving": False}
     ComfyInstance.objects.filter(id=instance.id).update(driver_until=timezone.now() - timedelta(seconds=1))
-    assert runner.check_instance(instance.id, owner="hostB:2")["driving"]
+    assert check.check_instance(instance.id, owner="hostB:2")["driving"]
     assert ComfyInstance.objects.get(id=instance.id).driver == "hostB:2"
 
 
@@ -541,7 +543,7 @@ def test_a_driver_whose_process_died_on_this_host_is_replaced_at_once(owner, fak
     ComfyInstance.objects.filter(id=instance.id).update(
         driver=f"{socket.gethostname()}:999999", driver_until=timezone.now() + timedelta(minutes=1)
     )
-    assert runner.acquire_driver(instance.id, "me:1")
+    assert acquire_driver(instance.id, "me:1")
 
 
 def test_healing_leaves_comfyui_jobs_to_their_runner(owner, fake, inline_tasks):

@@ -241,18 +241,6 @@ def test_paused_provider_dispatches_nothing_until_resumed(owner, inline_tasks):
     assert statuses(jobs) == [Status.PROCESSING] * 2
 
 
-def test_idempotent_start_returns_the_first_result_and_refuses_a_different_request(owner, project, inline_tasks):
-    jobs = make_drafts(project, 2)
-    Provider.objects.filter(id=project.provider_id).update(paused=True)
-    first = services.jobs_start_idempotent(user=owner, project=project, job_ids=[jobs[0].id], key="k1")
-    again = services.jobs_start_idempotent(user=owner, project=project, job_ids=[jobs[0].id], key="k1")
-    assert first == again and first["started"] == [str(jobs[0].id)]
-    with pytest.raises(services.IdempotencyConflict) as conflict:
-        services.jobs_start_idempotent(user=owner, project=project, job_ids=[jobs[1].id], key="k1")
-    assert conflict.value.code == 422
-    assert status_of(jobs[1]) == Status.DRAFT
-
-
 def test_text_and_audio_results_become_album_items(owner, inline_tasks):
     provider = make_provider(owner)
     text_project = make_project(owner, provider, kind="text", model="demo-text")
@@ -322,8 +310,8 @@ def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_
     jobs = make_drafts(project, 2)
     services.jobs_start(user=owner, project=project, all_drafts=True)
     assert len(inline_tasks.executions()) == 2
+    from queue_app.engine.provider_state import cool_down
     from queue_app.providers import demo
-    from queue_app.worker.execute import cool_down
 
     cool_down(provider.id, 30)  # another job's 429 arrives after both were claimed
     inline_tasks.run()

@@ -3,6 +3,7 @@ subscribe, isolation between projects, replay after a reconnect, the gap-free st
 the relay of rows written by other processes, and progress ticks."""
 
 import copy
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -10,9 +11,12 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import connection, transaction
 from django.test import Client
+from django.utils import timezone
 
-from queue_app.engine import events
+from queue_app.engine import events, snapshot
 from queue_app.models import Job, ProjectEvent, Status
+from queue_app.providers.base import Running
+from queue_app.service import poller
 from queue_app.web.live import relay
 from remixstudio.asgi import application
 from tests.conftest import make_drafts, make_project, make_provider
@@ -187,18 +191,41 @@ async def test_the_relay_delivers_rows_written_by_other_processes(owner, project
     assert await relay.relay_once() == 0
 
 
-async def test_progress_ticks_are_broadcast_and_written_at_most_once_a_second(owner, projects):
+def detach(project, *, task_id="task-1") -> Job:
+    """The project's draft as a detached job whose next check is due."""
+    job = Job.objects.get(project=project)
+    now = timezone.now()
+    Job.objects.filter(id=job.id).update(
+        status=Status.PROCESSING,
+        active_provider=project.provider,
+        slot=0,
+        lease_token=uuid.uuid4(),
+        task_id=task_id,
+        task_observed_at=now,
+        next_poll_at=now,
+        attempts=1,
+        resolved=snapshot.build(job, project, project.provider),
+    )
+    return job
+
+
+async def test_a_polled_progress_tick_reaches_open_sockets_without_an_event_row(owner, projects, monkeypatch):
     a, _ = projects
-    job = await sync_to_async(lambda: Job.objects.get(project=a))()
-    await sync_to_async(lambda: Job.objects.filter(id=job.id).update(status=Status.PROCESSING))()
+    job = await sync_to_async(detach)(a)
+
+    class Adapter:
+        @staticmethod
+        def check(task_id, request):
+            return Running(progress=0.25)
+
+    monkeypatch.setattr(poller, "adapter_for", lambda family: Adapter)
     communicator, _, _ = await socket(owner, a.id)
     await communicator.receive_json_from()
-    await sync_to_async(events.progress)(a.id, job.id, 0.25)
-    await sync_to_async(events.progress)(a.id, job.id, 0.5)
-    ticks = await events_received(communicator, 2)
-    assert [t["progress"] for t in ticks] == [0.25, 0.5] and ticks[0]["type"] == "progress"
+    assert await sync_to_async(poller.poll_once)() == 1
+    [tick] = await events_received(communicator, 1)
+    assert (tick["type"], tick["job"], tick["progress"]) == ("progress", str(job.id), 0.25)
     stored = await sync_to_async(lambda: Job.objects.values_list("progress", flat=True).get(id=job.id))()
-    assert stored == 0.25  # the second tick, within a second, was not written
+    assert stored == 0.25
     assert await sync_to_async(lambda: ProjectEvent.objects.filter(kind="job.progress").count())() == 0
     await communicator.disconnect()
 

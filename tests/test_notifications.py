@@ -10,7 +10,6 @@ from django.utils import timezone
 from py_vapid import Vapid02
 
 from queue_app import notifications, services
-from queue_app.engine import transitions
 from queue_app.models import Job, ProjectEvent, ProjectRun, PushOutbox, PushSubscription, Status, VapidKeys
 from queue_app.providers import crypto
 from queue_app.service.loop import QueueService
@@ -134,16 +133,11 @@ def test_the_finish_is_a_live_event_even_without_devices(owner, project, inline_
     assert push_service.received() == [] and PushOutbox.objects.count() == 0
 
 
-def test_jobs_unstarted_before_running_close_the_run_silently(owner, push_service):
+def test_a_run_whose_failures_are_cleared_before_it_settles_closes_silently(owner, project, inline_tasks, push_service):
     phone = subscribe(owner, push_service)
-    project = make_project(owner, make_provider(owner, name="Paused"))
-    project.provider.paused = True
-    project.provider.save()
-    jobs = make_drafts(project, 2)
-    ids = transitions.jobs_to_pending([j.id for j in jobs], from_statuses=(Status.DRAFT,))
-    assert len(ids) == 2 and ProjectRun.objects.get(project=project).closed_at is None
-    for job_id in ids:
-        transitions.job_unstart(job_id)
+    run_jobs(owner, project, inline_tasks, failed=2)
+    assert ProjectRun.objects.get(project=project).closed_at is None
+    assert services.failed_jobs_clear(user=owner, project_id=project.id)["cleared"] == 2
     notifications.step(now=later())
     assert ProjectRun.objects.get(project=project).closed_at is not None
     assert phone.messages(push_service) == [] and not ProjectEvent.objects.filter(kind="project.finished").exists()

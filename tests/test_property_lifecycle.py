@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from queue_app import services
-from queue_app.engine import dispatch, transitions
+from queue_app.engine import dispatch, leases
 from queue_app.models import AlbumItem, Job, ProjectEvent, Provider, Status
 from queue_app.service import poller, recovery
 from tests.conftest import make_project, make_provider, make_user
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENT_STATUS = {
     "job.drafted": Status.DRAFT,
-    "job.unstarted": Status.DRAFT,
     "job.started": Status.PENDING,
     "job.retried": Status.PENDING,
     "job.requeued": Status.PENDING,
@@ -191,7 +190,7 @@ class Lifecycle(RuleBasedStateMachine):
         job_id = self.pick(self.jobs().filter(status=Status.PROCESSING, task_id=""), index)
         if job_id:
             token = Job.objects.values_list("lease_token", flat=True).get(id=job_id)
-            assert transitions.lease_renew(job_id, token)
+            assert leases.lease_renew(job_id, token)
 
     @rule(index=st.integers(0, 50))
     def crash(self, index):
@@ -259,7 +258,7 @@ class Lifecycle(RuleBasedStateMachine):
 @pytest.fixture
 def captured_tasks(monkeypatch, settings):
     settings.BACKOFF_BASE_SECONDS = 0
-    monkeypatch.setattr("queue_app.tasks._enqueue", lambda func, *args: CAPTURED.append((func, args)))
+    monkeypatch.setattr("queue_app.engine.enqueue.enqueue_task", lambda func, *args: CAPTURED.append((func, args)))
     # Wake-ups dispatch right away on commit; the state machine claims explicitly too.
     yield CAPTURED
     CAPTURED.clear()

@@ -104,12 +104,12 @@ def test_a_lease_keeper_whose_connection_was_killed_reconnects_and_keeps_renewin
 
     from django.db import connection
 
-    from queue_app.worker import execute
+    from queue_app.engine.leases import LeaseKeeper
 
     settings.LEASE_RENEW_SECONDS = 0.1
     _, _, [job] = claimed(owner)
     token = Job.objects.get(id=job.id).lease_token
-    with execute.LeaseKeeper(job.id, token) as keeper:
+    with LeaseKeeper(job.id, token) as keeper:
         time.sleep(0.3)
         with connection.cursor() as cursor:
             cursor.execute(

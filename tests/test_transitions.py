@@ -49,16 +49,6 @@ def test_a_fenced_transition_with_a_stale_token_changes_nothing(owner, project, 
     assert job.status == Status.PROCESSING and job.slot == 0
 
 
-def test_unstart_returns_a_pending_job_to_draft(owner, project, provider):
-    provider.paused = True
-    provider.save()
-    [job] = make_drafts(project)
-    transitions.jobs_to_pending([job.id], from_statuses=(Status.DRAFT,))
-    assert transitions.job_unstart(job.id) is True
-    assert transitions.job_unstart(job.id) is False
-    assert Job.objects.get(id=job.id).status == Status.DRAFT
-
-
 def test_every_transition_records_a_sequenced_event(owner, project, inline_tasks):
     [job] = make_drafts(project)
     transitions.jobs_to_pending([job.id], from_statuses=(Status.DRAFT,))

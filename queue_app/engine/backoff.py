@@ -1,4 +1,5 @@
-"""Retry delays: exponential backoff with full jitter."""
+"""Retries: the delay before the next try (exponential backoff with full jitter), and the
+reason a job gives with when its tries are used up."""
 
 import random
 
@@ -16,3 +17,8 @@ def delay(attempt: int, *, base: float | None = None, cap: float | None = None, 
     """Full jitter: uniform over [0, ceiling] (AWS architecture blog), so many jobs that
     failed together do not come back together."""
     return rng.uniform(0, ceiling(attempt, base=base, cap=cap))
+
+
+def give_up_reason(attempts: int, last: str) -> str:
+    """The reason of a job that failed because its tries are used up."""
+    return f"gave up after {attempts} attempts, last: {last}"

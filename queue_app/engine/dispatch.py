@@ -16,8 +16,6 @@ Lock order everywhere: provider row, then job rows, then project rows (events).
 
 import itertools
 import logging
-import os
-import socket
 import threading
 from contextlib import contextmanager
 
@@ -25,8 +23,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from queue_app.engine import runners, snapshot, transitions
-from queue_app.models import Job, Kind, Provider, Status
+from queue_app.engine import enqueue, runners, snapshot, transitions
+from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +63,12 @@ def deferred_wakes():
         wake(provider_ids=provider_ids, project_ids=project_ids)
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def dispatchable_jobs(provider_id: int):
     """Pending jobs this provider would run now, oldest started first."""
     return (
         Job.objects.filter(status=Status.PENDING)
         .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
-        .exclude(project__kind=Kind.COMFYUI)
+        .exclude(project__kind__in=runners.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .order_by("queued_at", "created_at", "id")
     )
@@ -86,8 +80,6 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
     With `hold_one`, the first claimed job is not enqueued: the calling worker runs it
     itself right away (a freed slot is refilled without a trip through the broker).
     """
-    from queue_app import tasks
-
     claimed = []
     try:
         with transaction.atomic():
@@ -120,7 +112,7 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
                     claimed.append((job.id, token))
             to_enqueue = claimed[1:] if hold_one else claimed
             for job_id, token in to_enqueue:
-                tasks.enqueue_execution(job_id, token)
+                enqueue.enqueue_execution(job_id, token)
     except IntegrityError:
         # The (provider, slot) unique index caught a double claim: a bug signal, never
         # a double run. Nothing was written; the next wake-up tries again.
@@ -166,7 +158,7 @@ def providers_with_work() -> list[int]:
     and a free slot — the safety net's to-do list (two small grouped queries)."""
     pending = (
         Job.objects.filter(status=Status.PENDING)
-        .exclude(project__kind=Kind.COMFYUI)
+        .exclude(project__kind__in=runners.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .values_list("provider_id", "project__provider_id")
         .distinct()

@@ -5,7 +5,7 @@ the project's next sequence number; after commit it is offered to the channel la
 The layer is best effort (every layer is at-most-once); the rows are the truth, and a
 client that reconnects asks for what it missed after its last sequence number. In the
 embedded default the worker processes cannot reach daphne's in-memory layer, so daphne
-relays new rows itself (see consumers.py).
+relays new rows itself (web/live/relay.py).
 """
 
 import asyncio
@@ -189,23 +189,3 @@ def broadcast_progress(project_id: int, job_id, progress: float) -> None:
             async_to_sync(layer.group_send)(group_name(project_id), {"type": "project.progress", "event": message})
     except Exception:
         log.debug("progress broadcast failed", exc_info=True)
-
-
-PROGRESS_WRITE_SECONDS = 1.0
-
-
-def progress(project_id: int, job_id, value: float) -> None:
-    """Report a processing job's progress (e.g. ComfyUI ticks): every tick goes to open
-    sockets; the job row is written at most once a second (the UPDATE's own filter is
-    the throttle, so it holds across processes)."""
-    from datetime import timedelta
-
-    from django.db.models import Q
-    from django.utils import timezone
-
-    from queue_app.models import Job
-
-    now = timezone.now()
-    stale = Q(progress__isnull=True) | Q(updated_at__lt=now - timedelta(seconds=PROGRESS_WRITE_SECONDS))
-    Job.objects.filter(stale, id=job_id, status="processing").update(progress=value, updated_at=now)
-    broadcast_progress(project_id, job_id, value)

@@ -18,6 +18,12 @@ from django.utils import timezone
 from queue_app.models import Heartbeat
 
 
+def process_name() -> str:
+    """This process as a lease owner, attempt worker or instance driver: `host:pid`, which
+    `owner_is_dead` reads back."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def beat(role: str, *, name: str | None = None, started_at=None) -> None:
     now = timezone.now()
     name = name or f"{role}:{socket.gethostname()}:{os.getpid()}"

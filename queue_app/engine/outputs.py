@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from queue_app.engine import failpoints, media, transitions
 from queue_app.engine.attempts import attempt_finish
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -158,7 +158,7 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
     the attempt `attempt_id` completed in the same transaction (a kill right after the
     commit cannot leave it "running"). Returns the number of items written.
     Raises Fenced, QuotaExceeded or a download error."""
-    job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).first()
+    job = Job.objects.fenced(job_id, token).first()
     if job is None:
         raise Fenced(job_id)
     if not outputs:
@@ -175,86 +175,96 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
     return len(prepared)
 
 
+METADATA_KEYS = ("provider_name", "family", "model", "aspect_ratio", "quality", "resolution", "format", "duration", "sound")
+
+
 def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
-    media_root = Path(settings.MEDIA_ROOT)
-    replaced_files = []
     with transaction.atomic():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
-        locked = Job.objects.select_for_update().filter(id=job.id, lease_token=token, status=Status.PROCESSING).first()
+        locked = Job.objects.select_for_update().fenced(job.id, token).first()
         if locked is None:
             raise Fenced(job.id)
-        new_bytes = sum(item.size for item in prepared)
-        used = usage_bytes(job.owner_id, excluding_job=job.id)
-        limit = storage_limit(job.owner_id)
-        if used + new_bytes > limit:
-            raise QuotaExceeded(
-                f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "
-                f"{max(0, limit - used) / 1e6:.1f} MB of {limit / 1e6:.0f} MB is left"
-            )
-        snap = locked.resolved or {}
-        existing = {item.output_index: item for item in AlbumItem.objects.filter(job_id=job.id)}
-        for index, item in enumerate(prepared):
-            if item.tmp_path is not None:
-                (media_root / item.name).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(item.tmp_path, media_root / item.name)
-                item.tmp_path = None
-            if item.poster_tmp is not None:
-                os.replace(item.poster_tmp, media_root / item.poster_name)
-                item.poster_tmp = None
-            old = existing.get(index)
-            if old is not None:
-                for field in ("file", "poster"):
-                    old_name = getattr(old, field).name
-                    if old_name and old_name not in (item.name, item.poster_name):
-                        replaced_files.append(old_name)
-            fields = dict(
-                project_id=job.project_id,
-                owner_id=job.owner_id,
-                role=item.output.role,
-                # What the bytes are, not what the provider called them.
-                kind=media.kind_of(item.content_type) if item.name else item.output.kind,
-                file=item.name,
-                poster=item.poster_name,
-                text=item.output.text or "",
-                content_type=item.content_type,
-                size=item.size,
-                sha256=item.sha256,
-                width=item.width,
-                height=item.height,
-                prompt=locked.prompt,
-                metadata={
-                    key: snap.get(key)
-                    for key in (
-                        "provider_name",
-                        "family",
-                        "model",
-                        "aspect_ratio",
-                        "quality",
-                        "resolution",
-                        "format",
-                        "duration",
-                        "sound",
-                    )
-                },
-            )
-            # We hold the job, so `existing` is current: update in place or insert, with
-            # no select-then-write round trip per item.
-            if old is not None:
-                AlbumItem.objects.filter(pk=old.pk).update(**fields, updated_at=timezone.now())
-            else:
-                AlbumItem.objects.create(job_id=job.id, output_index=index, **fields)
-        # A retried job overwrites its outputs: layers the new result no longer has go.
-        for index, old in existing.items():
-            if index >= len(prepared):
-                replaced_files.extend(name for name in (old.file.name, old.poster.name) if name)
-                old.delete()
+        _check_quota(job, prepared)
+        replaced_files = _upsert_items(locked, prepared)
         failpoints.hit("after_album_before_complete")
         if not transitions.job_complete(job.id, token):
             raise Fenced(job.id)
         if attempt_id is not None:
             attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
         transaction.on_commit(lambda: _remove_files(replaced_files))
+
+
+def _check_quota(job: Job, prepared: list[Prepared]) -> None:
+    """With the real sizes: the owner's other items plus these must fit the limit."""
+    new_bytes = sum(item.size for item in prepared)
+    used = usage_bytes(job.owner_id, excluding_job=job.id)
+    limit = storage_limit(job.owner_id)
+    if used + new_bytes > limit:
+        raise QuotaExceeded(
+            f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "
+            f"{max(0, limit - used) / 1e6:.1f} MB of {limit / 1e6:.0f} MB is left"
+        )
+
+
+def _upsert_items(job: Job, prepared: list[Prepared]) -> list[str]:
+    """Rename the files into place and write one album item per output index; items of
+    indexes the new result no longer has go. Returns the files no item names any more."""
+    existing = {item.output_index: item for item in AlbumItem.objects.filter(job_id=job.id)}
+    replaced_files = []
+    for index, item in enumerate(prepared):
+        _place_files(item)
+        old = existing.get(index)
+        if old is not None:
+            for field in ("file", "poster"):
+                old_name = getattr(old, field).name
+                if old_name and old_name not in (item.name, item.poster_name):
+                    replaced_files.append(old_name)
+        fields = _item_fields(job, item)
+        # We hold the job, so `existing` is current: update in place or insert, with
+        # no select-then-write round trip per item.
+        if old is not None:
+            AlbumItem.objects.filter(pk=old.pk).update(**fields, updated_at=timezone.now())
+        else:
+            AlbumItem.objects.create(job_id=job.id, output_index=index, **fields)
+    # A retried job overwrites its outputs: layers the new result no longer has go.
+    for index, old in existing.items():
+        if index >= len(prepared):
+            replaced_files.extend(name for name in (old.file.name, old.poster.name) if name)
+            old.delete()
+    return replaced_files
+
+
+def _place_files(item: Prepared) -> None:
+    media_root = Path(settings.MEDIA_ROOT)
+    if item.tmp_path is not None:
+        (media_root / item.name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(item.tmp_path, media_root / item.name)
+        item.tmp_path = None
+    if item.poster_tmp is not None:
+        os.replace(item.poster_tmp, media_root / item.poster_name)
+        item.poster_tmp = None
+
+
+def _item_fields(job: Job, item: Prepared) -> dict:
+    snap = job.resolved or {}
+    return dict(
+        project_id=job.project_id,
+        owner_id=job.owner_id,
+        role=item.output.role,
+        # What the bytes are, not what the provider called them.
+        kind=media.kind_of(item.content_type) if item.name else item.output.kind,
+        file=item.name,
+        poster=item.poster_name,
+        text=item.output.text or "",
+        content_type=item.content_type,
+        size=item.size,
+        sha256=item.sha256,
+        width=item.width,
+        height=item.height,
+        prompt=job.prompt,
+        metadata={key: snap.get(key) for key in METADATA_KEYS},
+    )
 
 
 def _remove_files(names: list[str]) -> None:

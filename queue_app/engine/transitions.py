@@ -1,8 +1,8 @@
 """Every change of a job's status, each one compare-and-set.
 
     draft ──start──▶ pending ──claim──▶ processing ──complete──▶ completed
-      ▲                │ ▲                 │  │
-      └───unstart──────┘ └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
+                         ▲                 │  │
+                         └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
 
 A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
 one row changed. From the wrong state it is a no-op that returns False — never an
@@ -24,13 +24,10 @@ from django.utils import timezone
 
 from queue_app import notifications
 from queue_app.engine import events
+from queue_app.engine.leases import lease_expiry
 from queue_app.models import Job, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
-
-
-def _lease_expiry(seconds: float | None = None):
-    return Now() + timedelta(seconds=seconds if seconds is not None else settings.LEASE_TTL_SECONDS)
 
 
 def _after_commit_wake(provider_ids=(), project_ids=()):
@@ -83,18 +80,6 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
     return ids
 
 
-def job_unstart(job_id) -> bool:
-    """pending → draft, for a job no worker has claimed yet."""
-    with transaction.atomic(savepoint=False):
-        job = Job.objects.filter(id=job_id).values("project_id").first()
-        if not job:
-            return False
-        if not Job.objects.filter(id=job_id, status=Status.PENDING).update(status=Status.DRAFT, queued_at=None):
-            return False
-        events.emit(job["project_id"], "job.unstarted", job_id, Status.DRAFT)
-    return True
-
-
 def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: str) -> uuid.UUID | None:
     """pending → processing, into a free slot of `provider_id`, with the resolved snapshot
     and a fresh lease. Call inside dispatch's transaction, which holds the provider lock.
@@ -112,7 +97,7 @@ def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: s
             lease_token=token,
             # Until a worker takes it (lease_take), the claim waits in the broker: a
             # longer lease, so a busy broker does not get its claims healed away.
-            lease_expires_at=_lease_expiry(settings.CLAIM_TTL_SECONDS),
+            lease_expires_at=lease_expiry(settings.CLAIM_TTL_SECONDS),
             attempts=F("attempts") + 1,
             started_at=timezone.now(),
             not_before=None,
@@ -138,7 +123,7 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
             resolved=snapshot,
             lease_owner=owner,
             lease_token=token,
-            lease_expires_at=_lease_expiry(),
+            lease_expires_at=lease_expiry(),
             attempts=F("attempts") + 1,
             started_at=timezone.now(),
             not_before=None,
@@ -151,33 +136,15 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
     return token
 
 
-def lease_take(job_id, token, *, owner: str) -> bool:
-    """A worker starts executing a claimed job: the lease becomes its own. Only a hand-off
-    nobody has taken yet (empty owner): a task delivered twice runs once, and a job whose
-    taker died waits for healing to hand it out again under a new token."""
-    return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING, lease_owner="").update(
-            lease_owner=owner, lease_expires_at=_lease_expiry()
-        )
-    )
-
-
-def lease_renew(job_id, token) -> bool:
-    """Extend a running job's lease; False means the job is no longer ours."""
-    return bool(
-        Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(lease_expires_at=_lease_expiry())
-    )
-
-
 def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
     """processing (running) → processing (detached): store the remote task id before
     anything waits on it. The job keeps its slot; the lease gives way to polling."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
-        job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
+        job = Job.objects.fenced(job_id, token).values("project_id").first()
         if not job:
             return False
-        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
+        changed = Job.objects.fenced(job_id, token).update(
             task_id=task_id,
             task_observed_at=now,
             next_poll_at=now + timedelta(seconds=poll_seconds),
@@ -193,16 +160,10 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
 
 def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
     with transaction.atomic(savepoint=False):
-        job = (
-            Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
-            .values("project_id", "active_provider_id")
-            .first()
-        )
+        job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
         if not job:
             return False
-        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
-            status=new_status, **SLOT_RELEASED, **fields
-        )
+        changed = Job.objects.fenced(job_id, token).update(status=new_status, **SLOT_RELEASED, **fields)
         if not changed:
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
@@ -273,25 +234,14 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
     if dead_owner:
         lease_gone |= Q(lease_owner=dead_owner)
-    with transaction.atomic(savepoint=False):
-        job = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
-            .filter(lease_gone)
-            .values("project_id", "active_provider_id", "lease_token")
-            .first()
-        )
-        if not job:
-            return False
-        changed = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_token=job["lease_token"])
-            .filter(lease_gone)
-            .update(status=Status.PENDING, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local")
-        )
-        if not changed:
-            return False
-        events.emit(job["project_id"], "job.healed", job_id, Status.PENDING, {"reason": reason})
-        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
-    return True
+    return _leave_stalled(
+        job_id,
+        lease_gone=lease_gone,
+        new_status=Status.PENDING,
+        kind="job.healed",
+        fields=dict(error=reason, error_class="local"),
+        payload={"reason": reason},
+    )
 
 
 def jobs_heal(job_ids, *, reason: str) -> list:
@@ -321,22 +271,38 @@ def jobs_heal(job_ids, *, reason: str) -> list:
 def job_fail_stalled(job_id, *, reason: str) -> bool:
     """processing (lease expired, attempts used up) → failed: a job that keeps losing its
     worker is not tried forever."""
+    return _leave_stalled(
+        job_id,
+        lease_gone=Q(lease_expires_at__lt=Now()),
+        new_status=Status.FAILED,
+        kind="job.failed",
+        fields=dict(error=reason, error_class="local", finished_at=timezone.now()),
+        payload={"error": reason},
+    )
+
+
+def _leave_stalled(job_id, *, lease_gone: Q, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
+    """A running job (no task id) whose worker is gone leaves processing: its lease token
+    is read under `lease_gone`, then the compare-and-set matches that token and
+    `lease_gone` again, so a worker that renewed meanwhile keeps its job."""
     with transaction.atomic(savepoint=False):
         job = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="", lease_expires_at__lt=Now())
+            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
+            .filter(lease_gone)
             .values("project_id", "active_provider_id", "lease_token")
             .first()
         )
         if not job:
             return False
-        changed = Job.objects.filter(
-            id=job_id, status=Status.PROCESSING, task_id="", lease_token=job["lease_token"], lease_expires_at__lt=Now()
-        ).update(
-            status=Status.FAILED, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local", finished_at=timezone.now()
+        changed = (
+            Job.objects.fenced(job_id, job["lease_token"])
+            .filter(task_id="")
+            .filter(lease_gone)
+            .update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
         )
         if not changed:
             return False
-        events.emit(job["project_id"], "job.failed", job_id, Status.FAILED, {"error": reason})
+        events.emit(job["project_id"], kind, job_id, new_status, payload)
         _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
     return True
 
@@ -347,12 +313,10 @@ def job_attach_task(job_id, token, *, task_id: str) -> bool:
     anything waits on it. The lease stays with the runner (no detached polling)."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
-        job = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).values("project_id").first()
+        job = Job.objects.fenced(job_id, token).values("project_id").first()
         if not job:
             return False
-        changed = Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING).update(
-            task_id=task_id, task_observed_at=now, poll_failures=0
-        )
+        changed = Job.objects.fenced(job_id, token).update(task_id=task_id, task_observed_at=now, poll_failures=0)
         if changed:
             events.emit(job["project_id"], "job.submitted", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
     return bool(changed)

@@ -92,11 +92,6 @@ def peak_inflight(provider_id: int) -> int:
     return peak
 
 
-def inflight_now(provider_id: int) -> int:
-    now = time.time()
-    return sum(1 for start, end in calls(provider_id) if start <= now and (end is None or end > now))
-
-
 def reset_ledger(provider_id: int) -> None:
     (ledger_dir() / f"{provider_id}.log").unlink(missing_ok=True)
 

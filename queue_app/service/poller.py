@@ -16,7 +16,7 @@ One poll step:
 3. after its HTTP check returns, every check re-reads the job and applies the result
    with a fenced compare-and-set: a job another cycle finished, or a user cleared or
    retried meanwhile, is left alone.
-A finished task is handed to a worker (`collect`), which re-reads the task for fresh
+A finished task is handed to a worker (`worker/collect.py`), which re-reads the task for fresh
 (signed, expiring) URLs and writes it through the output writer, the same one as the
 synchronous path; completion frees the slot and wakes dispatch. Poll errors (network,
 5xx, bad JSON) never fail a job; the processing timeout does (JOB_PROCESSING_TIMEOUT_MS,
@@ -38,15 +38,16 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queue_app import providers, tasks
-from queue_app.engine import backoff, events, failpoints, transitions
-from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app import providers
+from queue_app.engine import enqueue, events, failpoints, runners
+from queue_app.engine.attempts import Outcome
+from queue_app.engine.provider_state import pause_for_account
+from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt, Kind, Status
+from queue_app.models import Job, Status
 from queue_app.providers import adapter_for
 from queue_app.providers import poll_seconds as family_poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
-from queue_app.worker import execute
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ COLLECT_CLAIM_SECONDS = settings.CLAIM_TTL_SECONDS
 # adapters report as a dead task at once), after which the job fails: one refusal may be
 # a provider's hiccup, a run of them will not end before the processing timeout.
 POLL_REFUSALS_TO_FAIL = 3
+# What the attempt log names the poller's own records by.
+WORKER = "poller"
 
 
 def poll_seconds(family: str) -> float:
@@ -79,7 +82,7 @@ def claim_due(
     due = (
         Job.objects.filter(status=Status.PROCESSING, next_poll_at__lte=now)
         .exclude(task_id="")
-        .exclude(project__kind=Kind.COMFYUI)
+        .exclude(project__kind__in=runners.kinds())
         .filter(Q(poll_claimed_until__isnull=True) | Q(poll_claimed_until__lt=now))
         # a collector at work holds a live lease: leave the job to it
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
@@ -96,8 +99,10 @@ def claim_due(
         token = uuid.uuid4()
         # The compare-and-set on the old token and the due time: of two pollers that read
         # the same row, one changes it and the other matches nothing.
-        if Job.objects.filter(id=job_id, status=Status.PROCESSING, lease_token=old_token, next_poll_at=next_poll_at).update(
-            lease_token=token, poll_claimed_until=now + timedelta(seconds=POLL_CLAIM_SECONDS)
+        if (
+            Job.objects.fenced(job_id, old_token)
+            .filter(next_poll_at=next_poll_at)
+            .update(lease_token=token, poll_claimed_until=now + timedelta(seconds=POLL_CLAIM_SECONDS))
         ):
             claimed.append((job_id, token, provider_id))
             busy[provider_id] = busy.get(provider_id, 0) + 1
@@ -215,172 +220,95 @@ def _check_in_thread(job_id, token, *, now=None, keep_connection: bool = True):
             connection.close()
 
 
-def _fenced(job_id, token):
-    return Job.objects.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
-
-
 def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
     return bool(
-        _fenced(job_id, token).update(
+        Job.objects.fenced(job_id, token).update(
             next_poll_at=now + timedelta(seconds=poll_seconds(family)), poll_claimed_until=None, **fields
         )
     )
 
 
-def _ours(job_id, token) -> Job | None:
-    """The job, if it is still the detached job we claimed."""
-    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if job is None or job.status != Status.PROCESSING or str(job.lease_token) != str(token) or not job.task_id:
-        return None
-    return job
-
-
-def _record(job: Job, *, outcome: str, reason: str, worker: str = "poller") -> None:
-    JobAttempt.objects.create(
-        job_id=job.id,
-        number=job.attempts,
-        worker=worker,
-        task_id=job.task_id,
-        finished_at=timezone.now(),
-        outcome=outcome,
-        reason=reason[:2000],
-    )
-
-
-def check_job(job_id, token, *, now=None) -> str:
-    """Check one claimed detached job and apply the result. Returns what happened:
-    skipped | timeout | error | running | finished | failed | requeued."""
+def check_job(job_id, token, *, now=None) -> Applied:
+    """Check one claimed detached job and apply the result. Returns what happened."""
     now = now or timezone.now()
-    job = _ours(job_id, token)
+    job = detached_job(job_id, token)
     if job is None:
-        return "skipped"
+        return Applied.SKIPPED
     provider = job.active_provider
     failpoints.hit("mid_poll")
-    timeout = timedelta(milliseconds=settings.JOB_PROCESSING_TIMEOUT_MS)
-    if job.task_observed_at and now - job.task_observed_at > timeout:
-        minutes = settings.JOB_PROCESSING_TIMEOUT_MS / 60000
-        reason = (
-            f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]}); "
-            "retrying checks the task again before submitting anew"
-        )
-        with transaction.atomic():
-            # The task id stays: a retry looks at the task first and collects it if it
-            # finished late, instead of paying for a new one.
-            if transitions.job_fail(job.id, token, reason=reason, error_class="timeout"):
-                _record(job, outcome=JobAttempt.Outcome.TIMEOUT, reason=reason)
-                return "timeout"
-        return "skipped"
+    if job.task_observed_at and now - job.task_observed_at > timedelta(milliseconds=settings.JOB_PROCESSING_TIMEOUT_MS):
+        return _time_out(job, token)
     try:
         request = resolved_job(job, provider)
         state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
     except Exception as error:
-        reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-        if isinstance(error, AccountError):
-            # The key or the credit, not the task: the owner must act. The task is paid
-            # for, so it keeps being checked (a fixed key collects it).
-            execute.pause_for_account(provider, reason)
-        elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
-            return _give_up_checking(job, token, reason)
-        log.info("poll of job %s failed (%s); will poll again", job.id, reason)
-        _release_claim(job.id, token, family=provider.family, now=now, poll_failures=F("poll_failures") + 1)
-        return "error"
+        return _check_failed(job, token, error, now=now)
     # Re-read before acting: the check took a while, and meanwhile the job may have been
     # finished by another cycle, cleared, or retried. Every write below is fenced as well.
-    job = _ours(job_id, token)
+    job = detached_job(job_id, token)
     if job is None:
-        return "skipped"
+        return Applied.SKIPPED
     if isinstance(state, Running):
         if _release_claim(job.id, token, family=provider.family, now=now, progress=state.progress, poll_failures=0):
             if state.progress is not None:
                 events.broadcast_progress(job.project_id, job.id, state.progress)
-            return "running"
-        return "skipped"
+            return Applied.RUNNING
+        return Applied.SKIPPED
     if isinstance(state, Finished):
-        # Hold the claim while a worker collects; if that worker dies, the claim lapses
-        # and a later cycle finds the task finished again. With the ORM broker the task
-        # row commits together with the claim.
-        with transaction.atomic():
-            held = _fenced(job.id, token).update(
-                poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS), poll_failures=0
-            )
-            if not held:
-                return "skipped"
-            tasks.enqueue_collection(job.id, token)
-        return "finished"
+        return _hand_to_collector(job, token, now=now)
     if isinstance(state, Failed):
-        return _apply_failed(job, token, provider, state)
-    return "unknown"
+        return apply_failed(job, token, state, max_attempts=provider.max_attempts, recorded_by=WORKER)
+    return Applied.UNKNOWN
 
 
-def _give_up_checking(job, token, reason: str) -> str:
+def _time_out(job: Job, token) -> Applied:
+    minutes = settings.JOB_PROCESSING_TIMEOUT_MS / 60000
+    reason = (
+        f"timed out: the provider reported no result within {minutes:g} minutes (task {job.task_id[:40]}); "
+        "retrying checks the task again before submitting anew"
+    )
+    # The task id stays: a retry looks at the task first and collects it if it finished
+    # late, instead of paying for a new one.
+    failed = fail_checked(job, token, recorded_by=WORKER, outcome=Outcome.TIMEOUT, reason=reason, error_class="timeout")
+    return Applied.TIMEOUT if failed else Applied.SKIPPED
+
+
+def _check_failed(job: Job, token, error: Exception, *, now) -> Applied:
+    """A check that raised never fails the job by itself; the processing timeout does.
+    An account problem pauses the provider; a run of refusals fails the job."""
+    provider = job.active_provider
+    reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
+    if isinstance(error, AccountError):
+        # The key or the credit, not the task: the owner must act. The task is paid
+        # for, so it keeps being checked (a fixed key collects it).
+        pause_for_account(provider, reason)
+    elif isinstance(error, PermanentError) and job.poll_failures + 1 >= POLL_REFUSALS_TO_FAIL:
+        return _give_up_checking(job, token, reason)
+    log.info("poll of job %s failed (%s); will poll again", job.id, reason)
+    _release_claim(job.id, token, family=provider.family, now=now, poll_failures=F("poll_failures") + 1)
+    return Applied.ERROR
+
+
+def _hand_to_collector(job: Job, token, *, now) -> Applied:
+    # Hold the claim while a worker collects; if that worker dies, the claim lapses
+    # and a later cycle finds the task finished again. With the ORM broker the task
+    # row commits together with the claim.
+    with transaction.atomic():
+        held = Job.objects.fenced(job.id, token).update(
+            poll_claimed_until=now + timedelta(seconds=COLLECT_CLAIM_SECONDS), poll_failures=0
+        )
+        if not held:
+            return Applied.SKIPPED
+        enqueue.enqueue_collection(job.id, token)
+    return Applied.FINISHED
+
+
+def _give_up_checking(job: Job, token, reason: str) -> Applied:
     """The provider keeps refusing to report on the task (400/403/422, not a hiccup): fail
     the job readably instead of polling until the processing timeout. The task id goes:
     nothing can be learnt about it, so a retry submits anew."""
     reason = f"the provider refused {POLL_REFUSALS_TO_FAIL} status checks in a row for task {job.task_id[:40]}: {reason}"
-    with transaction.atomic():
-        if not transitions.job_fail(job.id, token, reason=reason, error_class="permanent", keep_task_id=False):
-            return "skipped"
-        _record(job, outcome=JobAttempt.Outcome.PERMANENT, reason=reason)
-    return "failed"
-
-
-def _apply_failed(job, token, provider, state: Failed, *, record: bool = True) -> str:
-    """The remote task ended without a result. Permanent (or dead): the job fails and
-    forgets the task id. Worth another try: back to pending, bounded by max attempts."""
-    outcome = JobAttempt.Outcome.PERMANENT if state.permanent else JobAttempt.Outcome.TRANSIENT
-    with transaction.atomic():
-        if state.permanent:
-            done = transitions.job_fail(job.id, token, reason=state.reason, error_class="permanent", keep_task_id=False)
-            result = "failed"
-        elif job.attempts >= provider.max_attempts:
-            done = transitions.job_fail(
-                job.id,
-                token,
-                reason=f"gave up after {job.attempts} attempts, last: {state.reason}",
-                error_class="transient",
-                keep_task_id=False,
-            )
-            result = "failed"
-        else:
-            done = transitions.job_requeue(
-                job.id, token, reason=state.reason, error_class="transient", delay=backoff.delay(job.attempts)
-            )
-            result = "requeued"
-        if not done:
-            return "skipped"
-        if record:
-            _record(job, outcome=outcome, reason=state.reason)
-    return result
-
-
-def collect(job_id, token) -> None:
-    """Worker side of a finished remote task: re-read it (fresh output URLs) and store the
-    outputs through the output writer, which completes the job and frees its slot."""
-    close_old_connections()
-    job = _ours(job_id, token)
-    if job is None:
-        return
-    # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
-    # and healing hands the job back to the poller (which finds the task finished again).
-    attempt = attempt_begin(job, token)
-    if attempt is None:
-        return
-    provider = job.active_provider
-    back_to_polling = dict(poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner="")
-    with execute.LeaseKeeper(job.id, token):
-        try:
-            request = resolved_job(job, provider)
-            state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
-        except Exception as error:
-            reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-            attempt_finish(attempt.id, JobAttempt.Outcome.TRANSIENT, f"collect check failed: {reason}")
-            _fenced(job.id, token).update(**back_to_polling)
-            return
-        if isinstance(state, Finished):
-            execute.reconnecting_once(execute.collect_outputs, job, token, provider, attempt, state.outputs)
-        elif isinstance(state, Failed):
-            attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT if state.permanent else "transient", state.reason)
-            _apply_failed(job, token, provider, state, record=False)
-        else:
-            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, "still running")
-            _fenced(job.id, token).update(**back_to_polling)
+    failed = fail_checked(
+        job, token, recorded_by=WORKER, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent", keep_task_id=False
+    )
+    return Applied.FAILED if failed else Applied.SKIPPED

@@ -19,8 +19,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import dispatch, heartbeats, runners, transitions
-from queue_app.models import Job, JobAttempt, Kind, Status
+from queue_app.engine import backoff, dispatch, heartbeats, runners, transitions
+from queue_app.engine.attempts import attempts_interrupt
+from queue_app.models import Job, Status
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +48,14 @@ def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead
     up), recording the interrupted attempt."""
     if attempts >= max_attempts:
         done = transitions.job_fail_stalled(
-            job_id, reason=f"gave up after {attempts} attempts, last: the worker stopped while running the job"
+            job_id, reason=backoff.give_up_reason(attempts, "the worker stopped while running the job")
         )
         outcome = "failed" if done else None
     else:
         done = transitions.job_heal(job_id, reason=HEAL_REASON, dead_owner=lease_owner if dead_owner else None)
         outcome = "healed" if done else None
     if done:
-        _mark_interrupted([job_id])
+        attempts_interrupt([job_id])
     return outcome
 
 
@@ -67,7 +68,7 @@ def heal(*, include_dead_owners: bool = True) -> int:
 def _heal(*, include_dead_owners: bool) -> int:
     stalled = (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
-        .exclude(project__kind__in=list(runners.RUNNERS))
+        .exclude(project__kind__in=runners.kinds())
         .values_list("id", "lease_owner", "attempts", "active_provider__max_attempts", "lease_expires_at")
     )
     now = timezone.now()
@@ -76,7 +77,7 @@ def _heal(*, include_dead_owners: bool) -> int:
         retry = [job_id for job_id, _, attempts, max_attempts, _ in rows if attempts < (max_attempts or 1)]
         moved = transitions.jobs_heal(retry, reason=HEAL_REASON) if retry else []
         if moved:
-            _mark_interrupted(moved)
+            attempts_interrupt(moved)
             healed += len(moved)
         for job_id, owner, attempts, max_attempts, _ in rows:
             if attempts >= (max_attempts or 1) and heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=False):
@@ -87,7 +88,7 @@ def _heal(*, include_dead_owners: bool) -> int:
     adopting = (
         Job.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
         .exclude(task_id="")
-        .exclude(project__kind__in=list(runners.RUNNERS))
+        .exclude(project__kind__in=runners.kinds())
     )
     for rows in _batches(adopting.values_list("id")):
         ids = [row[0] for row in rows]
@@ -95,7 +96,7 @@ def _heal(*, include_dead_owners: bool) -> int:
             lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
         )
         if moved:
-            _mark_interrupted(ids)
+            attempts_interrupt(ids)
             healed += moved
     if include_dead_owners:
         for rows in _batches(stalled.filter(lease_expires_at__gte=now).exclude(lease_owner="")):
@@ -104,12 +105,6 @@ def _heal(*, include_dead_owners: bool) -> int:
                     if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True):
                         healed += 1
     return healed
-
-
-def _mark_interrupted(job_ids) -> None:
-    JobAttempt.objects.filter(job_id__in=list(job_ids), outcome=JobAttempt.Outcome.RUNNING).update(
-        outcome=JobAttempt.Outcome.INTERRUPTED, finished_at=timezone.now(), reason="worker stopped"
-    )
 
 
 def recover() -> dict:
@@ -123,7 +118,10 @@ def _recover() -> dict:
     counts["healed"] = heal()
     now = timezone.now()
     detached = (
-        Job.objects.filter(status=Status.PROCESSING).exclude(task_id="").exclude(project__kind=Kind.COMFYUI).values_list("id")
+        Job.objects.filter(status=Status.PROCESSING)
+        .exclude(task_id="")
+        .exclude(project__kind__in=runners.kinds())
+        .values_list("id")
     )
     for rows in _batches(detached):
         ids = [row[0] for row in rows]

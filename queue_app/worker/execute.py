@@ -15,20 +15,19 @@ run(job_id, token):
 """
 
 import logging
-import threading
 import time
-from datetime import timedelta
 
-from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
-from django.db.models import F
-from django.db.models.functions import Greatest, Now
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import backoff, dispatch, failpoints, outputs, transitions
-from queue_app.engine.attempts import attempt_begin, attempt_finish
+from queue_app.engine import dispatch, failpoints, transitions
+from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
+from queue_app.engine.leases import LeaseKeeper, reconnecting_once
+from queue_app.engine.provider_state import cool_down, pause_for_account
+from queue_app.engine.results import Applied, fail_job, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.models import Job, JobAttempt, Provider
 from queue_app.providers import adapter_for, poll_seconds
 from queue_app.providers.base import (
     AccountError,
@@ -40,7 +39,6 @@ from queue_app.providers.base import (
     Submitted,
     TransientError,
 )
-from queue_app.providers.crypto import redact
 
 log = logging.getLogger(__name__)
 
@@ -49,40 +47,6 @@ log = logging.getLogger(__name__)
 # carries on, so it takes new jobs until this runs out (60 s kept a SIGTERMed worker
 # busy for over 30 s in a chaos run; one broker round trip per 10 s costs nothing).
 CARRY_ON_BUDGET_SECONDS = 10
-
-
-class LeaseKeeper:
-    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread; `lost` is set
-    when the renewal matches no row (the job was taken from us)."""
-
-    def __init__(self, job_id, token):
-        self.job_id, self.token = job_id, token
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self):
-        try:
-            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
-                try:
-                    if not transitions.lease_renew(self.job_id, self.token):
-                        self.lost.set()
-                        return
-                except DatabaseError:
-                    # Django never reopens a broken connection by itself: close it so the
-                    # next renewal connects afresh, or the lease lapses under a live worker.
-                    log.warning("lease renewal of job %s failed", self.job_id, exc_info=True)
-                    connection.close()
-        finally:
-            connection.close()
 
 
 def run(job_id, token) -> None:
@@ -105,14 +69,8 @@ def execute_one(job_id, token) -> int | None:
     """Run one job. Returns its provider id when the job left its slot (so the caller
     may refill it), else None."""
     close_old_connections()
-    job = Job.objects.select_related("active_provider").filter(id=job_id).first()
-    if (
-        job is None
-        or job.status != Status.PROCESSING
-        or str(job.lease_token) != str(token)
-        or job.task_id
-        and not _adoptable(job)
-    ):
+    job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
+    if job is None or job.task_id and not _adoptable(job):
         return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
     attempt = attempt_begin(job, token)
     if attempt is None:
@@ -143,7 +101,7 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
         # the Retry-After window. The attempt is refunded like the 429 itself.
-        attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
+        attempt_finish(attempt.id, Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
         transitions.job_requeue(
             job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
         )
@@ -158,23 +116,9 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
         log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local")
+        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local")
         return provider.id
-    return reconnecting_once(_apply, job, token, provider, attempt, keeper, result)
-
-
-def reconnecting_once(apply, job: Job, *args):
-    """The provider has answered, and may have billed: a connection that broke meanwhile (a
-    database restart, a killed backend) must not lose that answer to healing, which would
-    send the job again. Reconnect once and apply it; every write is fenced by the lease
-    token, so one that did commit before the break is not applied twice."""
-    try:
-        return apply(job, *args)
-    except (OperationalError, InterfaceError) as error:
-        log.warning("job %s: database error while recording the provider's answer (%s); reconnecting once", job.id, error)
-        connection.close()
-        return apply(job, *args)
+    return reconnecting_once(job.id, lambda: _apply(job, token, provider, attempt, keeper, result))
 
 
 def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, result) -> int | None:
@@ -182,38 +126,18 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
     if isinstance(result, ProviderError):
         return _handle_failure(job, token, provider, attempt, result)
     if keeper.lost.is_set():
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "lease lost while the provider worked")
+        attempt_finish(attempt.id, Outcome.LOST, "lease lost while the provider worked")
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
         if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=poll_seconds(provider.family)):
-            attempt_finish(attempt.id, JobAttempt.Outcome.DETACHED, task_id=result.task_id)
+            attempt_finish(attempt.id, Outcome.DETACHED, task_id=result.task_id)
         else:
-            attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before the task id was stored", result.task_id)
+            attempt_finish(attempt.id, Outcome.LOST, "job taken before the task id was stored", result.task_id)
         return None
-    return collect_outputs(job, token, provider, attempt, result.outputs)
-
-
-def collect_outputs(job: Job, token, provider: Provider, attempt: JobAttempt, results: list) -> int | None:
-    """Write finished outputs and complete the job; a local failure keeps the task id."""
-    try:
-        outputs.write_and_complete(job.id, token, results, attempt_id=attempt.id)
-    except outputs.Fenced:
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOST, "job taken before its outputs were written")
-        return None
-    except outputs.QuotaExceeded as error:
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, str(error))
-        transitions.job_fail(job.id, token, reason=str(error), error_class="local")
-        return provider.id
-    except DatabaseError:
-        raise  # not the result's fault: the caller reconnects or leaves the job to healing
-    except Exception as error:
-        reason = redact(f"the provider finished but storing the result failed: {error}", (provider.api_key, provider.api_secret))
-        log.warning("job %s: %s", job.id, reason)
-        attempt_finish(attempt.id, JobAttempt.Outcome.LOCAL, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="local")
-        return provider.id
-    return provider.id
+    secrets = (provider.api_key, provider.api_secret)
+    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets)
+    return None if stored is Applied.SKIPPED else provider.id
 
 
 def _adopt(adapter, job: Job, request):
@@ -227,33 +151,9 @@ def _adopt(adapter, job: Job, request):
     if isinstance(state, Running):
         return Submitted(task_id=job.task_id)
     # Dead or expired: forget it and submit fresh.
-    Job.objects.filter(id=job.id, status=Status.PROCESSING, lease_token=job.lease_token).update(task_id="", task_observed_at=None)
+    Job.objects.fenced(job.id, job.lease_token).update(task_id="", task_observed_at=None)
     job.task_id = ""
     return providers.call(request, adapter.submit, request)
-
-
-def cool_down(provider_id: int, seconds: float) -> None:
-    """A provider that answered 429 with a delay dispatches nothing until it passes."""
-    until = Now() + timedelta(seconds=seconds)
-    Provider.objects.filter(id=provider_id, cooldown_until__isnull=True).update(cooldown_until=until)
-    Provider.objects.filter(id=provider_id, cooldown_until__isnull=False).update(
-        cooldown_until=Greatest(F("cooldown_until"), until)
-    )
-
-
-def pause_for_account(provider: Provider, reason: str) -> None:
-    """A rejected key, no credit: pause the provider with the reason a person must act on.
-    Dispatch stops; detached tasks already paid for are still polled."""
-    reason = reason[:300]
-    # Every poll of the provider's detached tasks may report the same problem: write and
-    # log it once.
-    changed = (
-        Provider.objects.filter(id=provider.id)
-        .exclude(paused=True, paused_reason=reason)
-        .update(paused=True, paused_reason=reason)
-    )
-    if changed:
-        log.warning("provider %s paused: account problem reported by %s", provider.id, provider.family)
 
 
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:
@@ -262,24 +162,18 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         # Not this job's fault: pause the provider until a person fixes the account, and
         # keep the job queued for then.
         pause_for_account(provider, reason)
-        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
+        attempt_finish(attempt.id, Outcome.PERMANENT, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
         return None
     if isinstance(error, PermanentError):
-        attempt_finish(attempt.id, JobAttempt.Outcome.PERMANENT, reason)
-        transitions.job_fail(job.id, token, reason=reason, error_class="permanent")
+        fail_job(job.id, token, attempt.id, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent")
         return provider.id
     if isinstance(error, TransientError) and error.delay:
         cool_down(provider.id, error.delay)
-        attempt_finish(attempt.id, JobAttempt.Outcome.RATE_LIMITED, reason)
+        attempt_finish(attempt.id, Outcome.RATE_LIMITED, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
         return None  # the provider is cooling down: nothing to refill now
-    outcome = JobAttempt.Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else JobAttempt.Outcome.TRANSIENT
+    outcome = Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else Outcome.TRANSIENT
     attempt_finish(attempt.id, outcome, reason)
-    if job.attempts >= provider.max_attempts:
-        transitions.job_fail(
-            job.id, token, reason=f"gave up after {job.attempts} attempts, last: {reason}", error_class=error.error_class
-        )
-    else:
-        transitions.job_requeue(job.id, token, reason=reason, error_class=error.error_class, delay=backoff.delay(job.attempts))
+    retry_or_give_up(job, token, max_attempts=provider.max_attempts, reason=reason, error_class=error.error_class)
     return provider.id

@@ -1,0 +1,153 @@
+"""The ComfyUI runner: each project's jobs on its own instance, two prompts in flight.
+
+Who does what (one module each):
+- claim.py (any process; DB only): claim pending jobs into the instance's free places and
+  enqueue their submission;
+- submit.py (a django-q2 worker): store the prompt id we chose, then POST /prompt;
+- check.py (the queue service, every CHECK_SECONDS per instance, under a per-instance
+  driver lease): read /queue and /history, apply what they say, hand finished prompts to
+  a collector, claim the next jobs;
+- collect.py (a django-q2 worker): download the outputs; the queue's output writer
+  completes the job.
+`ComfyRunner` below wires them into the queue's runner registry (comfy_app.apps) and
+schedules the checks. A WebSocket listener per driven instance only makes checks happen
+sooner; the polling alone is correct.
+
+Every job write is fenced by the job's lease token; a job's status changes only through
+`queue_app.engine.transitions`. No network call happens inside a database transaction.
+"""
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import connection
+from django.db.models.functions import Now
+
+from comfy_app.models import ComfyInstance, ComfyRun
+from comfy_app.runner.check import check_instance
+from comfy_app.runner.claim import claim_pending, in_flight_count
+from comfy_app.runner.instance import client_for
+from queue_app.engine import heartbeats
+from queue_app.models import Job, Kind, Status
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 2.0
+
+Phase = ComfyRun.Phase
+
+
+def websocket_enabled() -> bool:
+    """The WebSocket accelerator (settings.COMFY_WEBSOCKET, on by default)."""
+    return bool(settings.COMFY_WEBSOCKET)
+
+
+class ComfyRunner:
+    """Registered for kind "comfyui" in queue_app.engine.runners (see comfy_app.apps)."""
+
+    def __init__(self):
+        self._pool = None
+        self._lock = threading.Lock()
+        self._busy: set[int] = set()
+        self._urgent: set[int] = set()
+        self._last_check: dict[int, float] = {}
+        self.listeners = None  # comfy_app.ws.Listeners, started with the first check
+
+    # queue_app.engine.runners interface
+
+    def wake(self, project_ids) -> None:
+        for project_id in sorted(project_ids):
+            try:
+                claim_pending(project_id)
+            except Exception:
+                log.warning("ComfyUI claim for project %s failed; the runner's tick retries", project_id, exc_info=True)
+
+    def recover(self) -> int:
+        """Adopt in-flight work after a restart: submissions and downloads whose worker is
+        gone are handed out again by the next check (their leases are expired now);
+        prompts at ComfyUI are simply checked. Nothing is posted twice: a resumed
+        submission looks its stored prompt id up first."""
+        adopted = 0
+        rows = Job.objects.filter(status=Status.PROCESSING, project__kind=Kind.COMFYUI).values_list(
+            "id", "lease_owner", "lease_expires_at", "comfy_run__phase"
+        )
+        for job_id, lease_owner, _, phase in rows:
+            adopted += 1
+            if phase in (Phase.SUBMITTING, Phase.COLLECTING) and (not lease_owner or heartbeats.owner_is_dead(lease_owner)):
+                Job.objects.filter(id=job_id, status=Status.PROCESSING, lease_owner=lease_owner).update(lease_expires_at=Now())
+            elif phase is None:
+                ComfyRun.objects.get_or_create(
+                    job_id=job_id, defaults={"project_id": Job.objects.get(id=job_id).project_id, "phase": Phase.SUBMITTING}
+                )
+                Job.objects.filter(id=job_id).update(lease_expires_at=Now())
+        for instance_id, driver in ComfyInstance.objects.exclude(driver="").values_list("id", "driver"):
+            if heartbeats.owner_is_dead(driver):
+                ComfyInstance.objects.filter(id=instance_id, driver=driver).update(driver="", driver_until=None)
+        return adopted
+
+    def tick(self) -> bool:
+        """Schedule due checks on the bounded pool; returns at once."""
+        active = set(
+            Job.objects.filter(project__kind=Kind.COMFYUI, status__in=[Status.PENDING, Status.PROCESSING])
+            .values_list("project_id", flat=True)
+            .distinct()
+        )
+        if not active:
+            return False
+        instances = dict(ComfyInstance.objects.filter(project_id__in=active).values_list("project_id", "id"))
+        for project_id in active - set(instances):
+            instances[project_id] = ComfyInstance.objects.get_or_create(project_id=project_id)[0].id
+        scheduled = False
+        mono = time.monotonic()
+        for instance_id in instances.values():
+            if instance_id in self._urgent or mono - self._last_check.get(instance_id, -1e9) >= CHECK_SECONDS:
+                scheduled = self.schedule(instance_id) or scheduled
+        return scheduled
+
+    def schedule(self, instance_id: int) -> bool:
+        with self._lock:
+            if instance_id in self._busy:
+                self._urgent.add(instance_id)
+                return False
+            self._busy.add(instance_id)
+            self._urgent.discard(instance_id)
+            self._last_check[instance_id] = time.monotonic()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=settings.POLL_PARALLELISM, thread_name_prefix="comfy-check")
+        self._pool.submit(self._check_in_thread, instance_id)
+        return True
+
+    def _check_in_thread(self, instance_id: int) -> None:
+        try:
+            result = check_instance(instance_id)
+            self._listen(instance_id, result)
+        except Exception:
+            log.exception("check of ComfyUI instance %s failed", instance_id)
+        finally:
+            connection.close()
+            with self._lock:
+                self._busy.discard(instance_id)
+                again = instance_id in self._urgent
+        if again:
+            self.schedule(instance_id)
+
+    def _listen(self, instance_id: int, result: dict) -> None:
+        """Keep a WebSocket open to instances we drive with prompts in flight: a finished
+        prompt is then checked at once instead of at the next 2 s check."""
+        if not websocket_enabled():
+            return
+        from comfy_app import ws
+
+        if self.listeners is None:
+            self.listeners = ws.Listeners(on_event=self.schedule)
+        if result.get("driving") and in_flight_count(ComfyInstance.objects.get(id=instance_id).project_id) > 0:
+            instance = ComfyInstance.objects.get(id=instance_id)
+            self.listeners.ensure(instance_id, instance.base_url, instance.client_id, client_for(instance))
+        else:
+            self.listeners.drop(instance_id)
+
+
+RUNNER = ComfyRunner()

@@ -1,0 +1,99 @@
+"""Leases: which process is executing a processing job, and until when.
+
+A claim writes a fresh lease token (transitions.job_claim); a worker that takes the
+hand-off makes the lease its own (`lease_take`) and keeps it renewed from a side thread
+(`LeaseKeeper`) while it works. None of this changes a job's status — that happens only
+in `transitions` — so a lost lease is learnt from a renewal that matches no row.
+"""
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db.models.functions import Now
+
+from queue_app.models import Job
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def lease_expiry(seconds: float | None = None):
+    return Now() + timedelta(seconds=seconds if seconds is not None else settings.LEASE_TTL_SECONDS)
+
+
+def lease_take(job_id, token, *, owner: str) -> bool:
+    """A worker starts executing a claimed job: the lease becomes its own. Only a hand-off
+    nobody has taken yet (empty owner): a task delivered twice runs once, and a job whose
+    taker died waits for healing to hand it out again under a new token."""
+    return bool(
+        Job.objects.fenced(job_id, token).filter(lease_owner="").update(lease_owner=owner, lease_expires_at=lease_expiry())
+    )
+
+
+def lease_renew(job_id, token) -> bool:
+    """Extend a running job's lease; False means the job is no longer ours."""
+    return bool(Job.objects.fenced(job_id, token).update(lease_expires_at=lease_expiry()))
+
+
+def lease_reissue(job_id, token, *, hold: timedelta) -> uuid.UUID | None:
+    """A fresh lease token for work handed out again (a runner re-enqueues a submission or
+    a download): the old task, if it still runs, is fenced out. Held for `hold` until a
+    worker takes it. None when the job is no longer ours under `token`."""
+    new_token = uuid.uuid4()
+    if Job.objects.fenced(job_id, token).update(lease_token=new_token, lease_owner="", lease_expires_at=Now() + hold):
+        return new_token
+    return None
+
+
+class LeaseKeeper:
+    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread; `lost` is set
+    when the renewal matches no row (the job was taken from us)."""
+
+    def __init__(self, job_id, token):
+        self.job_id, self.token = job_id, token
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self):
+        try:
+            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
+                try:
+                    if not lease_renew(self.job_id, self.token):
+                        self.lost.set()
+                        return
+                except DatabaseError:
+                    # Django never reopens a broken connection by itself: close it so the
+                    # next renewal connects afresh, or the lease lapses under a live worker.
+                    log.warning("lease renewal of job %s failed", self.job_id, exc_info=True)
+                    connection.close()
+        finally:
+            connection.close()
+
+
+def reconnecting_once(job_id, apply: Callable[[], T]) -> T:
+    """The provider has answered, and may have billed: a connection that broke meanwhile (a
+    database restart, a killed backend) must not lose that answer to healing, which would
+    send the job again. Reconnect once and `apply()` it again; every write is fenced by the
+    lease token, so one that did commit before the break is not applied twice."""
+    try:
+        return apply()
+    except (OperationalError, InterfaceError) as error:
+        log.warning("job %s: database error while recording the provider's answer (%s); reconnecting once", job_id, error)
+        connection.close()
+        return apply()

@@ -1,0 +1,126 @@
+"""Applying what a provider (or ComfyUI) reported for a job, shared by the worker
+(execute, collect), the queue service's poller and the ComfyUI collector:
+
+- `store_outputs`: finished outputs go through the output writer, which completes the
+  job; a local failure fails it and keeps the task id, so a retry collects the result it
+  already paid for instead of paying again;
+- `apply_failed`: a remote task that ended without a result;
+- `retry_or_give_up`: a failure worth another try goes back to pending after a backoff,
+  until the job's tries are used up;
+- `fail_job` (a worker's open attempt ends and fails the job) and `fail_checked` (a check
+  fails the job and records what it found as an attempt of its own).
+"""
+
+import logging
+from enum import StrEnum
+
+from django.db import DatabaseError, transaction
+
+from queue_app.engine import backoff, outputs, transitions
+from queue_app.engine.attempts import Outcome, attempt_finish, attempt_record
+from queue_app.models import Job
+from queue_app.providers.base import Failed
+from queue_app.providers.crypto import redact
+
+log = logging.getLogger(__name__)
+
+
+class Applied(StrEnum):
+    """What applying a result (or a check of a remote task) did to the job."""
+
+    SKIPPED = "skipped"  # the job was no longer ours: nothing written
+    RUNNING = "running"  # the remote task is still at work
+    FINISHED = "finished"  # handed to a collector
+    COMPLETED = "completed"  # outputs stored, job completed
+    FAILED = "failed"
+    REQUEUED = "requeued"  # back to pending, to be tried again after a backoff
+    TIMEOUT = "timeout"  # failed: no result within the processing timeout
+    ERROR = "error"  # the check failed; the job is checked again later
+    UNKNOWN = "unknown"  # an answer no adapter should give
+
+
+def fail_job(job_id, token, attempt_id, *, outcome: Outcome, reason: str, error_class: str, keep_task_id: bool = True) -> bool:
+    """The worker's attempt ends with `outcome` and the job fails with `reason`. The task
+    id stays unless the remote task is known dead, so a retry can collect its result."""
+    attempt_finish(attempt_id, outcome, reason)
+    return transitions.job_fail(job_id, token, reason=reason, error_class=error_class, keep_task_id=keep_task_id)
+
+
+def fail_checked(
+    job: Job, token, *, recorded_by: str, outcome: Outcome, reason: str, error_class: str, keep_task_id: bool = True
+) -> bool:
+    """A check (the poller's, a runner's) fails the job; what it found is recorded as an
+    attempt of its own, in the same commit, and only when the job did fail."""
+    with transaction.atomic():
+        if not transitions.job_fail(job.id, token, reason=reason, error_class=error_class, keep_task_id=keep_task_id):
+            return False
+        attempt_record(job, outcome=outcome, reason=reason, worker=recorded_by)
+    return True
+
+
+def detached_job(job_id, token) -> Job | None:
+    """The job, if it is still the detached job we claimed."""
+    return Job.objects.select_related("active_provider").fenced(job_id, token).exclude(task_id="").first()
+
+
+def store_outputs(
+    job_id, token, attempt_id, results: list, *, source: str = "the provider", secrets=(), retry_hint: str = ""
+) -> Applied:
+    """Write finished outputs and complete the job, closing the attempt `attempt_id` in the
+    same commit. COMPLETED, SKIPPED (the job was taken from us: nothing written) or FAILED
+    (quota, or the result could not be fetched or written: the job fails and keeps its task
+    id; `retry_hint` tells the user a retry collects the result again). A database error is
+    raised: it is not the result's fault, and the caller reconnects or leaves the job to
+    healing."""
+    try:
+        outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id)
+    except outputs.Fenced:
+        attempt_finish(attempt_id, Outcome.LOST, "job taken before its outputs were written")
+        return Applied.SKIPPED
+    except DatabaseError:
+        raise
+    except Exception as error:
+        if isinstance(error, outputs.QuotaExceeded):
+            reason = str(error)
+        else:
+            reason = redact(f"{source} finished but storing the result failed: {error}", secrets)
+            log.warning("job %s: %s", job_id, reason)
+        attempt_finish(attempt_id, Outcome.LOCAL, reason)
+        transitions.job_fail(job_id, token, reason=f"{reason}. {retry_hint}" if retry_hint else reason, error_class="local")
+        return Applied.FAILED
+    return Applied.COMPLETED
+
+
+def retry_or_give_up(job: Job, token, *, max_attempts: int, reason: str, error_class: str, keep_task_id: bool = True) -> Applied:
+    """A failure worth another try: back to pending after a backoff, or — the job's tries
+    used up — failed with the give-up reason (keeping the task id unless told not to)."""
+    if job.attempts >= max_attempts:
+        done = transitions.job_fail(
+            job.id,
+            token,
+            reason=backoff.give_up_reason(job.attempts, reason),
+            error_class=error_class,
+            keep_task_id=keep_task_id,
+        )
+        return Applied.FAILED if done else Applied.SKIPPED
+    done = transitions.job_requeue(job.id, token, reason=reason, error_class=error_class, delay=backoff.delay(job.attempts))
+    return Applied.REQUEUED if done else Applied.SKIPPED
+
+
+def apply_failed(job: Job, token, state: Failed, *, max_attempts: int, recorded_by: str = "") -> Applied:
+    """The remote task ended without a result. Permanent (or dead): the job fails and
+    forgets the task id. Worth another try: back to pending, bounded by max attempts.
+    With `recorded_by`, the check that found it is recorded as an attempt of its own
+    (a collector's attempt is already open: it finishes that one itself)."""
+    with transaction.atomic():
+        if state.permanent:
+            done = transitions.job_fail(job.id, token, reason=state.reason, error_class="permanent", keep_task_id=False)
+            applied = Applied.FAILED if done else Applied.SKIPPED
+        else:
+            applied = retry_or_give_up(
+                job, token, max_attempts=max_attempts, reason=state.reason, error_class="transient", keep_task_id=False
+            )
+        if applied is not Applied.SKIPPED and recorded_by:
+            outcome = Outcome.PERMANENT if state.permanent else Outcome.TRANSIENT
+            attempt_record(job, outcome=outcome, reason=state.reason, worker=recorded_by)
+    return applied
