@@ -262,6 +262,33 @@ def jobs_retry_view(request, body):
     return answer({"retried": retried, "skipped": len(set(job_ids)) - len(retried)})
 
 
+def jobs_cancel(user, job_ids: list[str]) -> dict:
+    """Cancel pending/processing jobs the user may see (staff: anyone's); one that is not
+    visible makes the whole request 404, like a retry. The API and MCP share this."""
+    visible = selectors.visible_jobs(user).filter(id__in=job_ids)
+    if visible.count() != len(set(job_ids)):
+        raise services.ServiceError("job not found", 404)
+    from django.contrib.auth import get_user_model
+
+    cancelled = 0
+    for owner in get_user_model().objects.filter(id__in=set(visible.values_list("owner_id", flat=True))):
+        cancelled += services.jobs_cancel(user=owner, job_ids=job_ids)["cancelled"]
+    return {"cancelled": cancelled, "skipped": len(set(job_ids)) - cancelled}
+
+
+@endpoint("POST")
+def jobs_cancel_view(request, body):
+    job_ids = uuid_list(body.get("job_ids"))
+    payload, code = services.idempotent(
+        user=request.user,
+        key=request.headers.get("Idempotency-Key"),
+        scope="cancel",
+        body=body,
+        run=lambda: (jobs_cancel(request.user, job_ids), 200),
+    )
+    return answer(payload, code)
+
+
 @endpoint("GET")
 def project_jobs_view(request, body, project_id):
     project = visible_project(request.user, project_id)

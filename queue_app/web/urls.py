@@ -31,6 +31,7 @@ urlpatterns = [
     path("api/projects/<int:project_id>/start", api.start_view, name="api_start"),
     path("api/projects/<int:project_id>/jobs", api.project_jobs_view, name="api_project_jobs"),
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
+    path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
     path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),
