@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 import responses
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 from comfy_app.models import ComfyInstance
@@ -23,6 +24,7 @@ from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
 from queue_app.providers.base import Finished, Submitted
 from queue_app.service import poller
+from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.comfyui import WORKFLOW, FakeComfyUI, Script
 from tests.fakes.dns import use_fake_dns
@@ -269,3 +271,78 @@ def test_comfyui_prompts_are_interrupted_when_running_and_deleted_when_queued(ow
     check.check_instance(instance.id)
     assert not AlbumItem.objects.filter(project=project).exists()
     assert job_of(running).status == Status.FAILED
+
+
+# --- API and MCP ------------------------------------------------------------------------
+
+
+def api_client(user) -> Client:
+    _, raw = tokens.token_create(user=user, name="test")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+
+def post(client, path, body, **headers):
+    return client.post(path, data=json.dumps(body), content_type="application/json", **headers)
+
+
+def pending_jobs(owner, project, n):
+    jobs = make_drafts(project, n)
+    Job.objects.filter(id__in=[job.id for job in jobs]).update(status=Status.PENDING)
+    return jobs
+
+
+def test_the_api_cancels_jobs_and_answers_counts(owner, project):
+    first, second = pending_jobs(owner, project, 2)
+    [draft] = make_drafts(project)
+    api = api_client(owner)
+    response = post(api, "/api/jobs/cancel", {"job_ids": [str(first.id), str(draft.id)]})
+    assert response.status_code == 200 and response.json() == {"cancelled": 1, "skipped": 1}
+    assert_cancelled(first)
+    assert job_of(second).status == Status.PENDING
+
+
+def test_the_api_replays_an_idempotent_cancel(owner, project):
+    [job] = pending_jobs(owner, project, 1)
+    api = api_client(owner)
+    body = {"job_ids": [str(job.id)]}
+    first = post(api, "/api/jobs/cancel", body, HTTP_IDEMPOTENCY_KEY="k1")
+    again = post(api, "/api/jobs/cancel", body, HTTP_IDEMPOTENCY_KEY="k1")
+    assert first.json() == again.json() == {"cancelled": 1, "skipped": 0}
+    assert post(api, "/api/jobs/cancel", {"job_ids": [str(uuid.uuid4())]}, HTTP_IDEMPOTENCY_KEY="k1").status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ({}, 400, "job_ids must be a list"),
+        ({"job_ids": "abc"}, 400, "job_ids must be a list"),
+        ({"job_ids": ["not-a-uuid"]}, 400, "job ids (UUIDs)"),
+        ({"job_ids": [str(uuid.uuid4())]}, 404, "job not found"),
+    ],
+)
+def test_the_api_refuses_bad_input_readably(owner, body, code, message):
+    response = post(api_client(owner), "/api/jobs/cancel", body)
+    assert response.status_code == code and message in response.json()["error"]
+
+
+def test_another_users_job_answers_404_and_is_left_alone(owner, outsider, project):
+    [job] = pending_jobs(owner, project, 1)
+    response = post(api_client(outsider), "/api/jobs/cancel", {"job_ids": [str(job.id)]})
+    assert response.status_code == 404 and job_of(job).status == Status.PENDING
+    assert Client().post("/api/jobs/cancel", data="{}", content_type="application/json").status_code == 401
+
+
+def mcp_call(user, name, arguments):
+    _, raw = tokens.token_create(user=user, name="agent")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+    return client.post("/mcp", data=json.dumps(message), content_type="application/json").json()["result"]
+
+
+def test_the_mcp_tool_cancels_jobs_and_refuses_bad_ids_readably(owner, project):
+    [job] = pending_jobs(owner, project, 1)
+    result = mcp_call(owner, "cancel_jobs", {"job_ids": [str(job.id)]})
+    assert result["isError"] is False and result["structuredContent"] == {"cancelled": 1, "skipped": 0}
+    assert_cancelled(job)
+    refused = mcp_call(owner, "cancel_jobs", {"job_ids": []})
+    assert refused["isError"] is True and "job_ids" in refused["content"][0]["text"]
