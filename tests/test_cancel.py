@@ -19,7 +19,7 @@ from django.utils import timezone
 from comfy_app.models import ComfyInstance
 from comfy_app.runner import check
 from queue_app import selectors, services
-from queue_app.engine import snapshot
+from queue_app.engine import heartbeats, snapshot
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
 from queue_app.providers.base import Finished, Submitted
@@ -346,3 +346,60 @@ def test_the_mcp_tool_cancels_jobs_and_refuses_bad_ids_readably(owner, project):
     assert_cancelled(job)
     refused = mcp_call(owner, "cancel_jobs", {"job_ids": []})
     assert refused["isError"] is True and "job_ids" in refused["content"][0]["text"]
+
+
+# --- the pages --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def signed_in(client, owner):
+    client.force_login(owner)
+    return client
+
+
+def test_the_project_page_cancels_one_row_or_the_selected_jobs(signed_in, owner, project):
+    first, second, third = pending_jobs(owner, project, 3)
+    page = signed_in.get(f"/projects/{project.id}/").content.decode()
+    assert page.count("data-cancel") == 3 and 'id="cancel-selected"' in page
+
+    # one row's button: only that job, even with others ticked (the page sends the form)
+    response = signed_in.post(
+        f"/projects/{project.id}/cancel", {"only": str(first.id), "job": [str(second.id)]}, HTTP_X_REQUESTED_WITH="fetch"
+    )
+    assert response.json()["messages"] == [{"level": "success", "text": "1 job(s) cancelled"}]
+    assert_cancelled(first)
+    assert job_of(second).status == Status.PENDING
+
+    response = signed_in.post(f"/projects/{project.id}/cancel", {"job": [str(first.id), str(second.id), str(third.id)]})
+    assert response.status_code == 302
+    assert_cancelled(second)
+    assert_cancelled(third)
+    page = signed_in.get(f"/projects/{project.id}/").content.decode()
+    assert "data-cancel" not in page and 'data-state="cancelled"' in page
+
+
+def test_the_job_page_has_a_cancel_button_while_the_job_is_pending(signed_in, owner, outsider, project, client):
+    [job] = pending_jobs(owner, project, 1)
+    assert 'id="cancel-job"' in signed_in.get(f"/jobs/{job.id}/").content.decode()
+    response = signed_in.post(f"/jobs/{job.id}/cancel")
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.id}/"
+    assert_cancelled(job)
+    assert 'id="cancel-job"' not in signed_in.get(f"/jobs/{job.id}/").content.decode()
+
+    [other] = pending_jobs(owner, project, 1)
+    client.force_login(outsider)
+    assert client.post(f"/jobs/{other.id}/cancel").status_code == 404
+    assert client.post(f"/projects/{project.id}/cancel", {"job": [str(other.id)]}).status_code == 404
+    assert client.post("/queue/cancel", {"job": [str(other.id)]}).status_code == 302
+    assert job_of(other).status == Status.PENDING
+
+
+def test_the_monitor_cancels_a_row_and_shows_it_as_cancelled(signed_in, owner, project):
+    heartbeats.beat("worker")
+    [job] = pending_jobs(owner, project, 1)
+    assert "data-cancel" in signed_in.get("/queue/").content.decode()
+    response = signed_in.post("/queue/cancel", {"job": str(job.id), "next": "/queue/?state=cancelled"})
+    assert response.status_code == 302 and response["Location"] == "/queue/?state=cancelled"
+    assert_cancelled(job)
+    page = signed_in.get("/queue/?state=cancelled").content.decode()
+    assert f'data-job="{job.id}" data-state="cancelled"' in page and "Cancelled" in page
