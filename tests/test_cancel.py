@@ -26,6 +26,7 @@ from queue_app.providers.base import Finished, Submitted
 from queue_app.service import poller
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.fakes.async_provider import FakeAsyncProvider
 from tests.fakes.comfyui import WORKFLOW, FakeComfyUI, Script
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import replicate_prediction
@@ -403,3 +404,24 @@ def test_the_monitor_cancels_a_row_and_shows_it_as_cancelled(signed_in, owner, p
     assert_cancelled(job)
     page = signed_in.get("/queue/?state=cancelled").content.decode()
     assert f'data-job="{job.id}" data-state="cancelled"' in page and "Cancelled" in page
+
+
+def test_a_detached_job_started_against_the_fake_provider_is_cancelled_there(owner, settings, inline_tasks):
+    with FakeAsyncProvider(polls_before_done=50) as fake:
+        settings.OUTBOUND_ALLOWLIST = [f"http://{fake.host}"]
+        provider = make_provider(owner, name="RH fake", family="runninghub", concurrency=1)
+        provider.api_key = "rh-test-key-123"
+        provider.base_url = f"{fake.url}/openapi/v2"
+        provider.save()
+        project = make_project(owner, provider, model="workflow")
+        params = {"workflow_id": "1987", "prompt_node": {"nodeId": "6", "fieldName": "text"}}
+        first, second = make_drafts(project, 2, params=params)
+        services.jobs_start(user=owner, project=project, all_drafts=True)
+        inline_tasks.run(limit=1)
+        task_id = job_of(first).task_id
+        assert task_id and job_of(second).status == Status.PENDING  # the one slot is held by the detached task
+
+        services.jobs_cancel(user=owner, job_ids=[first.id])
+        assert_cancelled(first)
+        assert fake.cancelled == [task_id]
+        assert job_of(second).status == Status.PROCESSING  # the freed slot went to the next job at once
