@@ -425,3 +425,19 @@ def test_a_detached_job_started_against_the_fake_provider_is_cancelled_there(own
         assert_cancelled(first)
         assert fake.cancelled == [task_id]
         assert job_of(second).status == Status.PROCESSING  # the freed slot went to the next job at once
+
+
+@responses.activate
+def test_many_detached_tasks_are_cancelled_at_once_not_one_after_another(owner, monkeypatch):
+    jobs = [detached(owner, "replicate", task_id=f"many{n}", model="black-forest-labs/flux-schnell") for n in range(8)]
+
+    def slow_cancel(request):
+        time.sleep(0.5)  # a slow provider: eight in a row would take 4 s
+        return (200, {}, json.dumps(replicate_prediction("canceled")))
+
+    for n in range(8):
+        responses.add_callback(responses.POST, f"{REPLICATE}/many{n}/cancel", callback=slow_cancel)
+    started = time.monotonic()
+    assert services.jobs_cancel(user=owner, job_ids=[job.id for job in jobs]) == {"cancelled": 8, "skipped": 0}
+    assert time.monotonic() - started < 2.5
+    assert sorted(call.request.url for call in responses.calls) == sorted(f"{REPLICATE}/many{n}/cancel" for n in range(8))
