@@ -406,6 +406,18 @@ def test_the_monitor_cancels_a_row_and_shows_it_as_cancelled(signed_in, owner, p
     assert f'data-job="{job.id}" data-state="cancelled"' in page and "Cancelled" in page
 
 
+def test_the_monitor_cancels_the_selected_jobs(signed_in, owner, project):
+    first, second, third = pending_jobs(owner, project, 3)
+    page = signed_in.get("/queue/").content.decode()
+    assert page.count('form="monitor-cancel-form"') == 3 and 'id="cancel-selected"' in page
+    response = signed_in.post("/queue/cancel", {"job": [str(first.id), str(third.id)], "next": "/queue/"})
+    assert response.status_code == 302
+    assert_cancelled(first)
+    assert_cancelled(third)
+    assert job_of(second).status == Status.PENDING
+    assert signed_in.get("/queue/").content.decode().count('form="monitor-cancel-form"') == 1
+
+
 def test_a_detached_job_started_against_the_fake_provider_is_cancelled_there(owner, settings, inline_tasks):
     with FakeAsyncProvider(polls_before_done=50) as fake:
         settings.OUTBOUND_ALLOWLIST = [f"http://{fake.host}"]

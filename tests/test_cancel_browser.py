@@ -43,3 +43,26 @@ def test_a_running_job_cancelled_from_the_project_page_leaves_no_album_item(stac
     assert Job.objects.get(id=waiting.id).status == Status.COMPLETED  # the cancelled call ended before this one
     assert not AlbumItem.objects.filter(job=job).exists()  # its late result was fenced out
     assert list(JobAttempt.objects.filter(job=job).values_list("outcome", flat=True)) == ["cancelled"]
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_jobs_ticked_on_the_monitor_stay_ticked_across_its_refresh_and_are_cancelled(stack, browser_page, owner):  # noqa: F811
+    page, base = browser_page, stack.url
+    provider = make_provider(owner, concurrency=1)
+    provider.paused = True  # the jobs stay pending
+    provider.save()
+    project = make_project(owner, provider, name="Held")
+    ticked, left = make_drafts(project, 2)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    log_in(page, base, owner)
+    page.goto(f"{base}/queue/")
+    page.check(f"#jobs tr[data-job='{ticked.id}'] input[type=checkbox]")
+    # (the monitor does not refresh under a focused control: the operator moves on)
+    page.evaluate("document.activeElement.blur(); document.body.dataset.refreshed = 'before'")
+    page.wait_for_function("document.body.dataset.refreshed !== 'before'", timeout=30_000)
+    assert page.is_checked(f"#jobs tr[data-job='{ticked.id}'] input[type=checkbox]")  # kept across the refresh
+    page.click("#cancel-selected")
+    page.wait_for_selector(f"#jobs tr[data-job='{ticked.id}'][data-state='cancelled']")
+    assert page.inner_text(f"#jobs tr[data-job='{ticked.id}'] .chip") == "Cancelled"
+    assert Job.objects.get(id=ticked.id).error_class == "cancelled"
+    assert Job.objects.get(id=left.id).status == Status.PENDING
