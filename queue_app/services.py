@@ -160,9 +160,10 @@ def jobs_cancel(*, user, job_ids) -> dict:
     ids = list(Job.objects.filter(id__in=job_ids, owner=user).values_list("id", flat=True))
     with transaction.atomic():
         rows = transitions.jobs_cancel(ids, by=f"user {user.pk}")
-    # One remote call per detached task, outside the transaction; each is bounded by the
-    # adapters' check timeout and never raises.
-    remote_cancel.cancel_tasks(rows)
+        # The remote calls go after the commit (a caller's outer transaction included):
+        # never HTTP inside a transaction, and never for a cancel that rolled back. They
+        # are bounded by the adapters' timeouts and never raise.
+        transaction.on_commit(lambda: remote_cancel.cancel_tasks(rows))
     log.info("cancel by user %s: %d job(s)", user.pk, len(rows))
     return {"cancelled": len(rows), "skipped": len(job_ids) - len(rows)}
 
