@@ -453,3 +453,18 @@ def test_many_detached_tasks_are_cancelled_at_once_not_one_after_another(owner, 
     assert services.jobs_cancel(user=owner, job_ids=[job.id for job in jobs]) == {"cancelled": 8, "skipped": 0}
     assert time.monotonic() - started < 2.5
     assert sorted(call.request.url for call in responses.calls) == sorted(f"{REPLICATE}/many{n}/cancel" for n in range(8))
+
+
+@responses.activate
+def test_a_finished_task_cancelled_before_its_collector_ran_is_not_collected(owner, inline_tasks):
+    job = detached(owner, "replicate", task_id="done1", model="black-forest-labs/flux-schnell")
+    finished = replicate_prediction("succeeded", prediction_id="done1", output=["https://replicate.delivery/done1.png"])
+    responses.add(responses.GET, f"{REPLICATE}/done1", json=finished)
+    responses.add(responses.POST, f"{REPLICATE}/done1/cancel", json=finished)
+    assert poller.poll_once(now=timezone.now()) == 1
+    assert [func for func, _ in inline_tasks.queue] == ["queue_app.tasks.collect_job"]  # handed to a collector
+    services.jobs_cancel(user=owner, job_ids=[job.id])
+    inline_tasks.run()  # the collector arrives after the cancel
+    assert_cancelled(job)
+    assert not AlbumItem.objects.filter(job=job).exists()
+    assert not [call for call in responses.calls if call.request.url.endswith(".png")]  # nothing downloaded
