@@ -5,9 +5,9 @@ Authentication is the session (browser; CSRF checked on writes) or a personal AP
 project, provider or job answers 404 — never 403 — so ids cannot be probed.
 Errors are {"error": "<readable message>"} with the status code of the refusal.
 
-`Idempotency-Key` on the creating and starting endpoints (services.idempotent): the same
-key and body replays the first response, a different body answers 422, a request still
-running under that key answers 409. Keys are per user and kept at least 24 hours.
+`Idempotency-Key` on the creating, starting and cancelling endpoints (services.idempotent):
+the same key and body replays the first response, a different body answers 422, a request
+still running under that key answers 409. Keys are per user and kept at least 24 hours.
 """
 
 import json
