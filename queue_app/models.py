@@ -43,6 +43,9 @@ class ErrorClass(models.TextChoices):
     AMBIGUOUS = "ambiguous"
     TIMEOUT = "timeout"
     LOCAL = "local"
+    # Not a failure of the provider: the user cancelled the job (a failed job with this
+    # reason code; the monitor shows it as "Cancelled"; retry and clear work on it).
+    CANCELLED = "cancelled"
 
 
 class AccountSettings(models.Model):
@@ -238,6 +241,7 @@ class JobAttempt(models.Model):
         LOCAL = "local"
         INTERRUPTED = "interrupted"
         LOST = "lost"
+        CANCELLED = "cancelled"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveSmallIntegerField()

@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from queue_app.engine import heartbeats, runners
-from queue_app.models import Job, Project, Provider, Status
+from queue_app.models import ErrorClass, Job, Project, Provider, Status
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")
 
@@ -238,6 +238,7 @@ JOB_FILTER_STATES = (
     "pending",
     "processing",
     "failed",
+    "cancelled",  # failed with reason "cancelled"
     "completed",
     "draft",
     "all",
@@ -277,6 +278,8 @@ def _state_filter(state: str, *, providers: dict, live: dict, now) -> Q:
         return Q(status=Status.PROCESSING, task_id="", lease_expires_at__lt=now)
     if state == "running":
         return Q(status=Status.PROCESSING, task_id="") & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gte=now))
+    if state == "cancelled":
+        return Q(status=Status.FAILED, error_class=ErrorClass.CANCELLED)
     if state == "active":
         return Q(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
     if state in Status.values:
@@ -299,6 +302,8 @@ def job_state(job: Job, *, providers: dict, live: dict, now) -> tuple[str, str]:
         if job.lease_expires_at and job.lease_expires_at < now:
             return "stalled", "lease expired; the next heal returns it to pending"
         return "running", ""
+    if job.status == Status.FAILED and job.error_class == ErrorClass.CANCELLED:
+        return "cancelled", ""
     return job.status, ""
 
 

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app.engine import dispatch, events, outputs, transitions
+from queue_app.engine import dispatch, events, outputs, remote_cancel, transitions
 from queue_app.models import IdempotencyKey, Job, Project, Provider, Status
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,24 @@ def jobs_retry(*, user, job_ids) -> dict:
     storage_check(user=user, starting=len(ids))
     started = transitions.jobs_to_pending(ids, from_statuses=(Status.FAILED,), kind="job.retried")
     return {"retried": [str(i) for i in started]}
+
+
+def jobs_cancel(*, user, job_ids) -> dict:
+    """Cancel the user's pending and processing jobs: each fails at once with reason
+    "cancelled" (a running worker's result is fenced out, the slot is free now), then its
+    remote task is cancelled at the provider where the API can — after the commit, best
+    effort. Drafts, finished and other users' jobs are skipped.
+    Returns {"cancelled": n, "skipped": m}."""
+    job_ids = list(dict.fromkeys(map(str, job_ids)))
+    ids = list(Job.objects.filter(id__in=job_ids, owner=user).values_list("id", flat=True))
+    with transaction.atomic():
+        rows = transitions.jobs_cancel(ids, by=f"user {user.pk}")
+        # The remote calls go after the commit (a caller's outer transaction included):
+        # never HTTP inside a transaction, and never for a cancel that rolled back. They
+        # are bounded by the adapters' timeouts and never raise.
+        transaction.on_commit(lambda: remote_cancel.cancel_tasks(rows))
+    log.info("cancel by user %s: %d job(s)", user.pk, len(rows))
+    return {"cancelled": len(rows), "skipped": len(job_ids) - len(rows)}
 
 
 def failed_scope(*, user, project_id=None, provider_id=None):

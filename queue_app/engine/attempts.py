@@ -6,7 +6,8 @@
   "running", so a late writer (a stale worker, a heal that got there first) changes nothing;
 - `attempt_record`: an attempt that opens and ends in one step, for what a checker found
   without a worker (the poller's timeout, a ComfyUI check's failure);
-- `attempts_interrupt`: the recovery scan ends the attempts of jobs whose worker is gone.
+- `attempts_interrupt`: the recovery scan ends the attempts of jobs whose worker is gone;
+- `attempts_cancel`: a user cancelled processing jobs.
 """
 
 from django.db import transaction
@@ -53,4 +54,33 @@ def attempt_record(job: Job, *, outcome: Outcome, reason: str, worker: str) -> N
 def attempts_interrupt(job_ids) -> None:
     JobAttempt.objects.filter(job_id__in=list(job_ids), outcome=Outcome.RUNNING).update(
         outcome=Outcome.INTERRUPTED, finished_at=timezone.now(), reason="worker stopped"
+    )
+
+
+def attempts_cancel(job_ids, *, reason: str, recorded_by: str) -> None:
+    """A user cancelled these (processing) jobs: their open attempts end as cancelled; a
+    job with none open (detached: its attempt ended when it handed over its task id) gets
+    a closed one of its own, so the log says who stopped it."""
+    job_ids = list(job_ids)
+    now = timezone.now()
+    closed = set(JobAttempt.objects.filter(job_id__in=job_ids, outcome=Outcome.RUNNING).values_list("job_id", flat=True))
+    JobAttempt.objects.filter(job_id__in=closed, outcome=Outcome.RUNNING).update(
+        outcome=Outcome.CANCELLED, finished_at=now, reason=reason
+    )
+    rows = Job.objects.filter(id__in=[job_id for job_id in job_ids if job_id not in closed]).values_list(
+        "id", "attempts", "task_id"
+    )
+    JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(
+                job_id=job_id,
+                number=number,
+                worker=recorded_by,
+                task_id=task_id,
+                finished_at=now,
+                outcome=Outcome.CANCELLED,
+                reason=reason,
+            )
+            for job_id, number, task_id in rows
+        ]
     )

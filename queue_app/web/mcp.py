@@ -6,7 +6,8 @@ answers (the spec lets a server answer a request with application/json instead o
 SSE stream; GET, for a server-initiated stream, answers 405). Authenticated by the
 personal API token (`Authorization: Bearer rsq_…`), like the JSON API.
 
-Tools: get_queue_status, clear_failed_jobs, retry_failed_jobs, create_drafts, start_jobs.
+Tools: get_queue_status, clear_failed_jobs, retry_failed_jobs, create_drafts, start_jobs,
+cancel_jobs.
 """
 
 import json
@@ -90,6 +91,26 @@ TOOLS = [
             "required": ["project_id"],
         },
     },
+    {
+        "name": "cancel_jobs",
+        "title": "Cancel jobs",
+        "description": 'Cancel pending or processing jobs (job_ids): each fails at once with reason "cancelled"; '
+        "a running call's result is discarded and a remote task is cancelled at the provider where its API can. "
+        "Drafts and finished jobs are skipped. Cancelled jobs can be retried or cleared like failed ones.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "job_ids": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": 1,
+                    "maxItems": services.MAX_DRAFTS_PER_REQUEST,
+                }
+            },
+            "required": ["job_ids"],
+        },
+        "annotations": {"destructiveHint": True, "idempotentHint": True},
+    },
 ]
 
 
@@ -132,12 +153,17 @@ def tool_start_jobs(user, args: dict) -> dict:
     return services.jobs_start(user=project.owner, project=project, job_ids=job_ids, all_drafts=all_drafts)
 
 
+def tool_cancel_jobs(user, args: dict) -> dict:
+    return api.jobs_cancel(user, api.uuid_list(args.get("job_ids")))
+
+
 HANDLERS = {
     "get_queue_status": tool_get_queue_status,
     "clear_failed_jobs": tool_clear_failed_jobs,
     "retry_failed_jobs": tool_retry_failed_jobs,
     "create_drafts": tool_create_drafts,
     "start_jobs": tool_start_jobs,
+    "cancel_jobs": tool_cancel_jobs,
 }
 
 
