@@ -277,3 +277,49 @@ def test_typing_survives_a_model_change_and_a_reference_uploads_by_the_file_inpu
         ("a fox", "demo-layers", [f"ref:{reference.sha256}"]),
         ("an owl", "demo-layers", [f"ref:{reference.sha256}"]),
     ]
+
+
+# --- The API of one draft -----------------------------------------------------------------
+
+
+@pytest.fixture
+def api(client, owner):
+    from queue_app.web import tokens
+
+    _, raw = tokens.token_create(user=owner, name="t")
+
+    def call(method, url, body=None):
+        return getattr(client, method)(url, body or {}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+    return call
+
+
+def test_the_api_edits_only_the_keys_sent_and_deletes_a_draft(api, owner, project):
+    [job] = make_drafts(project, 1, quality="high", aspect_ratio="16:9")
+    response = api("patch", f"/api/drafts/{job.id}", {"prompt": "an owl", "aspect_ratio": "1:1"})
+    assert response.status_code == 200, response.json()
+    assert response.json()["prompt"] == "an owl" and response.json()["settings"]["quality"] == "high"
+    job.refresh_from_db()
+    assert (job.prompt, job.aspect_ratio, job.quality) == ("an owl", "1:1", "high")
+    other = make_provider(owner, name="Gemini", family="google")
+    response = api("patch", f"/api/drafts/{job.id}", {"provider_id": other.id})
+    job.refresh_from_db()
+    assert job.provider_id == other.id and job.model.startswith("gemini")  # that family's default model
+    assert api("delete", f"/api/drafts/{job.id}").json() == {"deleted": 1}
+    assert not Job.objects.exists()
+
+
+def test_the_api_refuses_bad_draft_edits_with_a_reason_and_changes_nothing(api, outsider, project):
+    [job] = make_drafts(project, 1)
+    for body, code, says in [
+        ({"colour": "red"}, 400, "unknown field(s): colour"),
+        ({"prompt": ""}, 400, "a prompt is required"),
+        ({"references": ["ref:" + "a" * 64]}, 400, "no uploaded image"),
+        ({"provider_id": make_provider(outsider, name="Theirs").id}, 404, "provider not found"),
+    ]:
+        response = api("patch", f"/api/drafts/{job.id}", body)
+        assert (response.status_code, says in response.json()["error"]) == (code, True), response.json()
+    Job.objects.filter(id=job.id).update(status=Status.PENDING)
+    assert api("patch", f"/api/drafts/{job.id}", {"prompt": "x"}).status_code == 409
+    assert api("delete", f"/api/drafts/{job.id}").status_code == 409
+    assert Job.objects.get(id=job.id).prompt == job.prompt

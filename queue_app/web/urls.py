@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, drafts, mcp, monitor, pages
+from queue_app.web import api, api_drafts, drafts, mcp, monitor, pages
 
 urlpatterns = [
     # pages
@@ -35,6 +35,7 @@ urlpatterns = [
     path("api/projects/<int:project_id>/start", api.start_view, name="api_start"),
     path("api/projects/<int:project_id>/jobs", api.project_jobs_view, name="api_project_jobs"),
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
+    path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
     path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),
