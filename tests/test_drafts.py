@@ -1,11 +1,13 @@
 """Drafts as a user works with them (issue 12): one draft per line, edit, duplicate,
 delete, select all across pages, the paginated list, a provider and model per draft, and
 the page's fields that follow the provider and model without a reload — plus one short
-browser test that typing survives a model change and a reference goes up by the file input.
+browser test that typing survives a model change and a save, and a reference goes up by
+the file input.
 """
 
 import io
 import os
+import time
 
 import pytest
 from PIL import Image
@@ -237,7 +239,7 @@ def test_the_resolved_snapshot_uses_the_drafts_provider(owner, project, inline_t
 
 @pytest.mark.browser
 @pytest.mark.processes
-def test_typing_survives_a_model_change_and_a_reference_uploads_by_the_file_input(owner, tmp_path):
+def test_typing_survives_a_model_change_and_a_save_and_a_reference_uploads_by_the_file_input(owner, tmp_path):
     from tests import procs
     from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
 
@@ -266,8 +268,12 @@ def test_typing_survives_a_model_change_and_a_reference_uploads_by_the_file_inpu
             assert page.evaluate("window.__sameDocument") == "yes"
             page.check("#per-line")
             page.set_input_files("#draft-form input[name=reference_files]", str(picture))
+            # the save is held back a moment, and the user keeps typing meanwhile
+            page.route("**/drafts", lambda route: (time.sleep(1), route.continue_()))
             page.click("#draft-form button[type=submit]")
+            page.type("#draft-form textarea[name=prompt]", " and a hare")
             page.wait_for_function("document.querySelectorAll('#drafts tr[data-job] img.ref-thumb').length === 2")
+            assert page.input_value("#draft-form textarea[name=prompt]") == "a fox\nan owl and a hare"
             browser.close()
     finally:
         web.stop()
