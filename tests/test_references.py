@@ -277,3 +277,21 @@ def test_a_comfyui_image_binding_gets_the_uploaded_bytes_under_their_content_nam
     assert built["1"]["inputs"]["image"] == f"rsq/{workflow.content_name(picture, '.png')}"
     with pytest.raises(workflow.WorkflowError, match="not an uploaded image of this account"):
         workflow.load_reference("ref:" + "f" * 64, owner.id)
+
+
+def test_civitai_sends_every_reference_to_the_openai_engine_and_the_first_to_sdcpp():
+    from queue_app.providers import civitai
+    from tests.fakes.provider_shapes import resolved
+
+    refs = [data_uri(image(color=(1, 1, 1))), data_uri(image(color=(2, 2, 2)))]
+    step = civitai._step(resolved("civitai", model="gpt-image-1.5", params={"engine": "openai"}, references=refs))
+    assert (step["input"]["operation"], step["input"]["images"]) == ("editImage", refs) and "image" not in step["input"]
+    step = civitai._step(resolved("civitai", model="urn:air:sdxl:checkpoint:civitai:101055@128078", references=refs))
+    assert (step["input"]["operation"], step["input"]["image"]) == ("createVariant", refs[0])
+
+
+def test_a_form_without_a_prompt_stores_no_upload(signed_in, project):
+    form = {"prompt": "  ", "quantity": "1", "reference_files": [upload("a.png", image())]}
+    body = signed_in.post(f"/projects/{project.id}/drafts", form, HTTP_X_REQUESTED_WITH="fetch").json()
+    assert body["messages"][0]["text"] == "a prompt is required"
+    assert not Reference.objects.exists()

@@ -175,6 +175,8 @@ def drafts_add(request, project_id):
         quantity = request.POST.get("quantity") or "1"
         if not quantity.isdigit():
             raise services.ServiceError(f"quantity must be a whole number from 1 to {services.MAX_DRAFTS_PER_REQUEST}")
+        if not request.POST.get("prompt", "").strip():
+            raise services.ServiceError("a prompt is required")  # before any upload is stored
         provider = chosen_provider(request.POST, project)
         settings_ = form_settings(project, provider, request.POST)
         settings_["references"] = form_references(request)
