@@ -458,6 +458,8 @@ def album_images(project, limit: int = 60) -> list:
 
 
 def reference_of(user, sha256: str):
+    """An uploaded reference image the user may see (their own; staff: anyone's)."""
     from queue_app.models import Reference
 
-    return Reference.objects.filter(owner=user, sha256=sha256).first()
+    rows = Reference.objects.all() if user.is_staff else Reference.objects.filter(owner=user)
+    return rows.filter(sha256=sha256).first()

@@ -295,3 +295,13 @@ def test_a_form_without_a_prompt_stores_no_upload(signed_in, project):
     body = signed_in.post(f"/projects/{project.id}/drafts", form, HTTP_X_REQUESTED_WITH="fetch").json()
     assert body["messages"][0]["text"] == "a prompt is required"
     assert not Reference.objects.exists()
+
+
+def test_staff_adding_to_a_users_project_stores_the_upload_as_the_owners(client, staff, owner, project):
+    client.force_login(staff)
+    form = {"prompt": "p", "quantity": "1", "reference_files": [upload("a.png", image())]}
+    body = client.post(f"/projects/{project.id}/drafts", form, HTTP_X_REQUESTED_WITH="fetch").json()
+    assert body["created"] == 1
+    row = Reference.objects.get()
+    assert row.owner_id == owner.id and Job.objects.get().references == [f"ref:{row.sha256}"]
+    assert client.get(f"/references/{row.sha256}").status_code == 200

@@ -119,10 +119,10 @@ def form_settings(project: Project, provider: Provider | None, data) -> dict:
     return values
 
 
-def form_references(request, *, keep=()) -> list[str]:
+def form_references(request, owner, *, keep=()) -> list[str]:
     """The references of a draft form: kept ones (editing), album images picked, and the
-    files uploaded (each stored once by content). The count limit is checked before any
-    file is stored."""
+    files uploaded (each stored once by content, as the project owner's: staff acting on
+    a project store them there). The count limit is checked before any file is stored."""
     picked = [value for value in request.POST.getlist("reference") if value]
     uploads = request.FILES.getlist("reference_files")
     total = len(keep) + len(picked) + len(uploads)
@@ -135,7 +135,7 @@ def form_references(request, *, keep=()) -> list[str]:
             raise services.ServiceError(
                 f"{label} is {upload.size / 1e6:.1f} MB; a reference image may be {references.MAX_REFERENCE_BYTES / 1e6:.0f} MB"
             )
-        stored.append("ref:" + services.reference_store(request.user, upload.read(), label=label))
+        stored.append("ref:" + services.reference_store(owner, upload.read(), label=label))
     return [*keep, *picked, *stored]
 
 
@@ -179,7 +179,7 @@ def drafts_add(request, project_id):
             raise services.ServiceError("a prompt is required")  # before any upload is stored
         provider = chosen_provider(request.POST, project)
         settings_ = form_settings(project, provider, request.POST)
-        settings_["references"] = form_references(request)
+        settings_["references"] = form_references(request, project.owner)
         jobs = services.jobs_create_drafts(
             user=project.owner,
             project=project,
@@ -254,7 +254,7 @@ def draft_edit(request, project_id, job_id):
             keep = [value for value in request.POST.getlist("keep") if value in (job.references or [])]
             provider = chosen_provider(request.POST, project)
             settings_ = form_settings(project, provider, request.POST)
-            settings_["references"] = form_references(request, keep=keep)
+            settings_["references"] = form_references(request, project.owner, keep=keep)
             services.draft_update(user=project.owner, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
             messages.success(request, "draft saved")
             return redirect("project_detail", project_id=project.id)
