@@ -156,12 +156,14 @@ def for_provider(values, owner_id: int) -> list[str]:
 def thumbnails(values) -> list[dict]:
     """What a draft row shows for each reference: a local image's thumbnail address, or a
     URL's host."""
+    from django.urls import reverse
+
     shown = []
     for value in values or []:
         if value.startswith("ref:"):
-            shown.append({"src": f"/references/{value[4:]}", "title": "uploaded image"})
-        elif value.startswith("album:"):
-            shown.append({"src": f"/album/{value[6:]}/file", "title": "album image"})
+            shown.append({"src": reverse("reference_file", args=[value[4:]]), "title": "uploaded image"})
+        elif value.startswith("album:") and value[6:].isdigit():
+            shown.append({"src": reverse("album_file", args=[int(value[6:])]), "title": "album image"})
         else:
             shown.append({"src": "", "title": value[:80]})
     return shown

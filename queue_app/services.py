@@ -141,8 +141,6 @@ def drafts_delete(*, user, project: Project, job_ids) -> int:
 
 # Editing and duplicating drafts, reference uploads (issue 12).
 
-DRAFT_EDITABLE = (*DRAFT_FIELDS, "duration", "params", "references")
-
 
 def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settings_: dict) -> Job:
     """Change a draft's prompt, provider and settings (a blank setting: the project's).
@@ -208,9 +206,9 @@ def reference_store(user, data: bytes, *, label: str = "the file") -> str:
         with transaction.atomic():
             row.save()
     except IntegrityError:
-        # The same picture uploaded twice at once: the other request's row and file stand
-        # (both wrote the same bytes under the same name).
-        pass
+        # The same picture uploaded twice at once: the other request's row and file stand;
+        # ours (saved under another name by the storage) goes.
+        row.file.delete(save=False)
     return sha
 
 
