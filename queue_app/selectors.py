@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from queue_app.engine import heartbeats, runners
-from queue_app.models import ErrorClass, Job, Project, Provider, Status
+from queue_app.models import AlbumItem, ErrorClass, Job, Project, Provider, Status
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")
 
@@ -432,3 +432,39 @@ def jobs_page(
         "has_previous": page > 1,
         "state": state,
     }
+
+
+# --- Drafts (issue 12) ------------------------------------------------------------------
+
+
+def project_drafts(project):
+    """A project's drafts, oldest first (the page pages through them)."""
+    return project.jobs.filter(status=Status.DRAFT).select_related("provider").order_by("created_at", "id")
+
+
+def draft_providers(user, kind: str) -> list:
+    """The user's providers whose family makes `kind` outputs (a draft may pick one)."""
+    from queue_app.providers.catalogue import CATALOGUE
+
+    return [
+        provider
+        for provider in Provider.objects.filter(owner=user)
+        if any(spec.kind == kind for spec in CATALOGUE.get(provider.family, {}).values())
+    ]
+
+
+def album_images(project, limit: int = 60) -> list:
+    """The project's newest album images, for the reference picker."""
+    return list(
+        AlbumItem.objects.filter(project=project, kind=AlbumItem.ItemKind.IMAGE)
+        .exclude(file="")
+        .order_by("-created_at", "id")[:limit]
+    )
+
+
+def reference_of(user, sha256: str):
+    """An uploaded reference image the user may see (their own; staff: anyone's)."""
+    from queue_app.models import Reference
+
+    rows = Reference.objects.all() if user.is_staff else Reference.objects.filter(owner=user)
+    return rows.filter(sha256=sha256).first()

@@ -194,7 +194,7 @@ def draft_settings(body) -> dict:
 def drafts_create(user, project: Project, body) -> tuple[dict, int]:
     from queue_app.models import Provider
 
-    unknown = set(body) - {"prompt", "quantity", "provider_id", "settings", "project_id", *SETTING_KEYS}
+    unknown = set(body) - {"prompt", "quantity", "provider_id", "settings", "project_id", "per_line", *SETTING_KEYS}
     if unknown:
         raise services.ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
     provider = None
@@ -204,6 +204,9 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
         if provider is None:
             raise services.ServiceError("provider not found", 404)
     quantity = body.get("quantity", 1)
+    per_line = body.get("per_line", False)
+    if not isinstance(per_line, bool):
+        raise services.ServiceError("per_line must be true or false")
     jobs = services.jobs_create_drafts(
         user=project.owner,
         project=project,
@@ -211,6 +214,7 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
         quantity=quantity,
         provider=provider,
         settings_=draft_settings(body),
+        per_line=per_line,
     )
     return {"project_id": project.id, "count": len(jobs), "jobs": [{"id": str(j.id), "status": j.status} for j in jobs]}, 201
 

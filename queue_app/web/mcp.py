@@ -17,7 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import selectors, services
+from queue_app import references, selectors, services
 from queue_app.web import api, tokens
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,23 @@ TOOLS = [
     {
         "name": "create_drafts",
         "title": "Create drafts",
-        "description": "Create `quantity` drafts of one prompt in a project (output settings optional).",
+        "description": "Create `quantity` drafts of one prompt in a project (output settings optional); with "
+        "per_line: true, `quantity` drafts of each non-blank line of the prompt.",
         "inputSchema": {
             "type": "object",
             "properties": {
                 "project_id": {"type": "integer"},
                 "prompt": {"type": "string"},
                 "quantity": {"type": "integer", "minimum": 1, "maximum": services.MAX_DRAFTS_PER_REQUEST, "default": 1},
-                "settings": {"type": "object", "description": "aspect_ratio, quality, resolution, format, duration, sound"},
+                "per_line": {"type": "boolean", "default": False, "description": "one draft per non-blank line"},
+                "provider_id": {"type": "integer", "description": "this draft's provider (default: the project's)"},
+                "references": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "maxItems": references.MAX_REFERENCES,
+                    "description": "reference images: ref:<sha256>, album:<id>, a data: URI or an https URL",
+                },
+                "settings": {"type": "object", "description": "model, aspect_ratio, quality, resolution, format, duration"},
             },
             "required": ["project_id", "prompt"],
         },

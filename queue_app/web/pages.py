@@ -90,7 +90,6 @@ def project_context(request, project: Project) -> dict:
     providers = selectors.visible_providers(request.user)
     live = heartbeats.liveness(now=now)
     counts = dict(project.jobs.values_list("status").annotate(n=Count("id")).order_by())
-    drafts = list(project.jobs.filter(status=Status.DRAFT).select_related("project").order_by("created_at", "id")[:SECTION_LIMIT])
     order = Case(
         When(status=Status.PROCESSING, then=Value(0)),
         When(status=Status.PENDING, then=Value(1)),
@@ -105,20 +104,18 @@ def project_context(request, project: Project) -> dict:
     )
     queue = [selectors.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
     groups, album_total = album_groups(project)
-    chosen_model = request.GET.get("model") or project.model
+    from queue_app.web import drafts  # the drafts section: its list page and the add form's fields
+
     return {
         "project": project,
         "counts": counts,
-        "drafts": drafts,
+        **drafts.drafts_context(request, project),
         "drafts_total": counts.get(Status.DRAFT, 0),
         "queue": queue,
         "queue_total": sum(counts.get(s, 0) for s in (Status.PENDING, Status.PROCESSING, Status.FAILED)),
         "failed_total": counts.get(Status.FAILED, 0),
         "album": groups,
         "album_total": album_total,
-        "models": model_choices(project),
-        "chosen_model": chosen_model,
-        "options": option_lists(project, chosen_model),
         "last_seq": events.last_seq(project.id),
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
@@ -179,18 +176,6 @@ def project_retry(request, project_id):
     return _back_to(project, request)
 
 
-@login_required
-@require_POST
-def project_delete_drafts(request, project_id):
-    project = own(Project, request.user, id=project_id)
-    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
-    if request.POST.get("all") == "1":
-        ids = list(project.jobs.filter(status=Status.DRAFT).values_list("id", flat=True))
-    deleted = services.drafts_delete(user=project.owner, project=project, job_ids=ids)
-    messages.success(request, f"{deleted} draft(s) deleted")
-    return _back_to(project, request)
-
-
 def _is_uuid(value) -> bool:
     import uuid
 
@@ -199,62 +184,6 @@ def _is_uuid(value) -> bool:
         return True
     except ValueError:
         return False
-
-
-class DraftForm(forms.Form):
-    prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=services.MAX_PROMPT_CHARS)
-    quantity = forms.IntegerField(min_value=1, max_value=services.MAX_DRAFTS_PER_REQUEST, initial=1)
-    model = forms.CharField(required=False, max_length=200)
-    aspect_ratio = forms.CharField(required=False, max_length=30)
-    quality = forms.CharField(required=False, max_length=30)
-    resolution = forms.CharField(required=False, max_length=30)
-    format = forms.CharField(required=False, max_length=10)
-    background = forms.CharField(required=False, max_length=20)
-    duration = forms.CharField(required=False, max_length=5)
-    sound = forms.CharField(required=False, max_length=10)
-
-
-def draft_settings(project: Project, data: dict) -> dict:
-    """The output settings of a draft form, each within what the chosen model offers
-    (blank: the project's setting, resolved at claim)."""
-    model = data.get("model") or ""
-    allowed_models = [choice[0] for choice in model_choices(project)]
-    if model and allowed_models and model not in allowed_models:
-        raise services.ServiceError(f"model {model!r} is not offered by this project's provider")
-    offered = option_lists(project, model or project.model)
-    values = {"model": model} if model else {}
-    for name, allowed in offered.items():
-        value = (data.get(name) or "").strip()
-        if not value:
-            continue
-        if allowed and value not in allowed:
-            raise services.ServiceError(f"{name.replace('_', ' ')} {value!r} is not offered by the model")
-        values[name] = int(value) if name == "duration" and value.isdigit() else value
-    if "duration" in values and not isinstance(values["duration"], int):
-        raise services.ServiceError("duration must be a whole number of seconds")
-    return values
-
-
-@login_required
-@require_POST
-def project_drafts(request, project_id):
-    project = own(Project, request.user, id=project_id)
-    form = DraftForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
-        return _back_to(project, request)
-    try:
-        jobs = services.jobs_create_drafts(
-            user=project.owner,
-            project=project,
-            prompt=form.cleaned_data["prompt"],
-            quantity=form.cleaned_data["quantity"],
-            settings_=draft_settings(project, form.cleaned_data),
-        )
-        messages.success(request, f"{len(jobs)} draft(s) created")
-    except services.ServiceError as error:
-        messages.error(request, error.message)
-    return _back_to(project, request)
 
 
 @login_required

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, cancel, mcp, monitor, pages
+from queue_app.web import api, api_drafts, cancel, drafts, mcp, monitor, pages
 
 urlpatterns = [
     # pages
@@ -8,8 +8,12 @@ urlpatterns = [
     path("projects/<int:project_id>/", pages.project_detail, name="project_detail"),
     path("projects/<int:project_id>/start", pages.project_start, name="project_start"),
     path("projects/<int:project_id>/retry", pages.project_retry, name="project_retry"),
-    path("projects/<int:project_id>/drafts", pages.project_drafts, name="project_drafts"),
-    path("projects/<int:project_id>/drafts/delete", pages.project_delete_drafts, name="project_delete_drafts"),
+    path("projects/<int:project_id>/drafts", drafts.drafts_add, name="project_drafts"),
+    path("projects/<int:project_id>/drafts/delete", drafts.drafts_delete, name="project_delete_drafts"),
+    path("projects/<int:project_id>/drafts/duplicate", drafts.drafts_duplicate, name="drafts_duplicate"),
+    path("projects/<int:project_id>/drafts/options", drafts.draft_options, name="draft_options"),
+    path("projects/<int:project_id>/drafts/<uuid:job_id>/edit", drafts.draft_edit, name="draft_edit"),
+    path("references/<str:sha256>", drafts.reference_file, name="reference_file"),
     path("projects/<int:project_id>/cancel", cancel.project_cancel, name="project_cancel"),
     path("jobs/<uuid:job_id>/", pages.job_detail, name="job_detail"),
     path("jobs/<uuid:job_id>/cancel", cancel.job_cancel, name="job_cancel"),
@@ -35,6 +39,7 @@ urlpatterns = [
     path("api/projects/<int:project_id>/jobs", api.project_jobs_view, name="api_project_jobs"),
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
     path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
+    path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
     path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),

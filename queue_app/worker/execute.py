@@ -96,7 +96,7 @@ def _adoptable(job: Job) -> bool:
 
 def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper) -> int | None:
     adapter = adapter_for(provider.family)
-    request = resolved_job(job, provider)
+    request = resolved_job(job, provider, submit=True)
     failpoints.hit("after_claim_before_submit")
     if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
