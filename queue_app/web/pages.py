@@ -116,6 +116,7 @@ def project_context(request, project: Project) -> dict:
         "failed_total": counts.get(Status.FAILED, 0),
         "album": groups,
         "album_total": album_total,
+        "album_counts": selectors.album_counts(project),
         "models": model_choices(project),
         "chosen_model": chosen_model,
         "options": option_lists(project, chosen_model),
@@ -255,12 +256,6 @@ def project_drafts(request, project_id):
     except services.ServiceError as error:
         messages.error(request, error.message)
     return _back_to(project, request)
-
-
-@login_required
-def job_detail(request, job_id):
-    job = own(Job, request.user, id=job_id)
-    return render(request, "queue_app/job_detail.html", {"job": job, "attempts": job.attempt_log.all()})
 
 
 # --- Providers --------------------------------------------------------------------------
