@@ -42,7 +42,8 @@ def entry_name(item) -> str:
     return f"{folder}/{item.output_index:02d}-{item.role}-{item.id}.{ext}"
 
 
-def zip_chunks(items: Iterable, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+def zip_chunks(items: Iterable, *, chunk_bytes: int | None = None) -> Iterator[bytes]:
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     sink = _Sink()
     with zipfile.ZipFile(sink, "w", allowZip64=True) as archive:
         for item in items:
