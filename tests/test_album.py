@@ -14,7 +14,7 @@ from queue_app.engine import outputs
 from queue_app.models import AlbumItem, Job, Status
 from queue_app.web import album_zip
 from tests import procs
-from tests.conftest import make_drafts, make_project, make_provider
+from tests.conftest import CHROMIUM, make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,14 +135,10 @@ def test_another_users_album_cannot_be_downloaded(client, outsider, project):
 
 # --- in Chromium ------------------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-
 
 @pytest.mark.browser
 @pytest.mark.processes
 def test_the_lightbox_walks_the_album_with_buttons_and_keys_and_plays_video_and_audio(owner, project, tmp_path, settings):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
     from playwright.sync_api import sync_playwright
 
     from tests.fakes.async_provider import png

@@ -4,6 +4,8 @@ the project list and page (with its album), the job page, the providers and the 
 at 1400×900. Screenshots are kept as artefacts under var/screenshots/."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,8 @@ from django.conf import settings
 from queue_app import services
 from queue_app.models import AlbumItem, Job, Status
 from tests import procs
-from tests.conftest import make_drafts, make_project, make_provider
+from tests.conftest import CHROMIUM, make_drafts, make_project, make_provider
 
-pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
-
-CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(settings.BASE_DIR) / "var" / "screenshots"
 LONG = "a very long prompt about a fox in the snow at dawn, " * 6 + "Supercalifragilisticexpialidocious" * 3
 
@@ -66,9 +65,8 @@ def seeded(owner, inline_tasks):
 
 
 @pytest.fixture
-def browser(owner, tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
+def site(owner, tmp_path):
+    """Chromium and daphne against the test database: (browser, base URL)."""
     from playwright.sync_api import sync_playwright
 
     web = procs.daphne(tmp_path / "logs")
@@ -89,9 +87,9 @@ def log_in(page, base, user):
     page.wait_for_url(f"{base}/projects/")
 
 
-def walk(browser, owner, pages: dict, *, width: int, height: int, mobile: bool) -> tuple[dict, list]:
+def walk(site, owner, pages: dict, *, width: int, height: int, mobile: bool) -> tuple[dict, list]:
     """Each page's scroll width (with what sticks out when too wide), and the album's image shapes."""
-    chromium, base = browser
+    chromium, base = site
     context = chromium.new_context(viewport={"width": width, "height": height}, is_mobile=mobile, has_touch=mobile)
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -111,8 +109,11 @@ def walk(browser, owner, pages: dict, *, width: int, height: int, mobile: bool) 
     return widths, shapes
 
 
-def test_every_page_fits_a_phone_without_sideways_scrolling(browser, owner, seeded):
-    widths, shapes = walk(browser, owner, seeded, width=390, height=844, mobile=True)
+@pytest.mark.browser
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_every_page_fits_a_phone_without_sideways_scrolling(site, owner, seeded):
+    widths, shapes = walk(site, owner, seeded, width=390, height=844, mobile=True)
     too_wide = {name: w for name, w in widths.items() if not isinstance(w, int) or w > 390}
     assert not too_wide, too_wide
     assert (SCREENSHOTS / "album-390x844.png").exists()
@@ -120,8 +121,45 @@ def test_every_page_fits_a_phone_without_sideways_scrolling(browser, owner, seed
     assert all(abs(drawn - natural) / natural < 0.05 for drawn, natural in shapes), shapes
 
 
-def test_every_page_fits_a_laptop(browser, owner, seeded):
-    widths, shapes = walk(browser, owner, seeded, width=1400, height=900, mobile=False)
+@pytest.mark.browser
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_every_page_fits_a_laptop(site, owner, seeded):
+    widths, shapes = walk(site, owner, seeded, width=1400, height=900, mobile=False)
     too_wide = {name: w for name, w in widths.items() if not isinstance(w, int) or w > 1400}
     assert not too_wide, too_wide
     assert len(shapes) == 8 and all(abs(drawn - natural) / natural < 0.05 for drawn, natural in shapes), shapes
+
+
+# --- `make test` brings the browser tests, never skips them --------------------------------
+
+
+def run_laptop_test_without_chromium(tmp_path, **env) -> subprocess.CompletedProcess:
+    # A pytest of its own, on a SQLite test database of its own: never the one this run uses.
+    dropped = ("REQUIRE_BROWSER", "DATABASE_URL", "REDIS_URL", "TEST_DB_NAME")
+    environment = {key: value for key, value in os.environ.items() if key not in dropped}
+    environment.update(CHROMIUM_PATH="/nonexistent/chromium", TEST_DB_NAME=str(tmp_path / "sub.sqlite3"), **env)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", f"{__file__}::test_every_page_fits_a_laptop"]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=240, cwd=settings.BASE_DIR)
+
+
+@pytest.mark.processes
+def test_under_make_test_a_missing_chromium_fails_the_browser_tests_saying_how(tmp_path):
+    result = run_laptop_test_without_chromium(tmp_path, REQUIRE_BROWSER="1")
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "1 error" in result.stdout and "sudo apt-get install chromium" in result.stdout  # fails at setup, saying how
+
+
+@pytest.mark.processes
+def test_outside_make_test_a_missing_chromium_skips_the_browser_tests(tmp_path):
+    result = run_laptop_test_without_chromium(tmp_path)
+    assert result.returncode == 0 and "1 skipped" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_makefile_test_target_brings_chromium_and_requires_it():
+    makefile = (Path(settings.BASE_DIR) / "Makefile").read_text()
+    assert "test: $(STAMP) chromium\n\tREQUIRE_BROWSER=1 " in makefile
+    result = subprocess.run(
+        ["make", "-s", "-n", "chromium", "CHROMIUM=/nonexistent/chromium"], capture_output=True, text=True, cwd=settings.BASE_DIR
+    )
+    assert "apt-get install -y -qq chromium" in result.stdout and "sudo apt-get install chromium" in result.stdout
