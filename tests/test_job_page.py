@@ -5,7 +5,8 @@ updates — and nobody else's job."""
 import pytest
 
 from queue_app.models import AlbumItem, Job, JobAttempt, Provider, Status
-from tests.conftest import make_drafts, make_project, make_provider
+from tests import procs
+from tests.conftest import CHROMIUM, make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,3 +101,36 @@ def test_another_users_job_is_not_found_and_cannot_be_retried(client, outsider, 
     assert client.get(f"/jobs/{job.id}/").status_code == 404
     assert client.post(f"/jobs/{job.id}/retry").status_code == 404
     assert Job.objects.get(id=job.id).status == Status.FAILED
+
+
+@pytest.mark.browser
+@pytest.mark.processes
+def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from queue_app import services
+
+    [job] = make_drafts(project)
+    Job.objects.filter(id=job.id).update(status=Status.FAILED, error="the provider was down")
+    web = procs.daphne(tmp_path / "logs")
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            page.goto(f"{web.url}/accounts/login/")
+            page.fill("input[name=username]", owner.username)
+            page.fill("input[name=password]", "pw-" + owner.username)
+            page.click("main button[type=submit]")
+            page.goto(f"{web.url}/jobs/{job.id}/")
+            page.wait_for_selector("body[data-live='1']")
+            assert page.get_attribute("#job-summary .chip", "data-status") == "failed" and page.locator("#job-retry").count()
+            page.evaluate("window.__sameDocument = 'yes'")
+            # Retried elsewhere (another tab, the API): this page follows over the socket.
+            services.jobs_retry(user=owner, job_ids=[job.id])
+            page.wait_for_function("document.querySelector('#job-summary .chip').dataset.status !== 'failed'")
+            assert page.evaluate("window.__sameDocument") == "yes"
+            assert page.locator("#job-retry").count() == 0 and page.locator("#job-error").count() == 0
+            browser.close()
+    finally:
+        web.stop()
