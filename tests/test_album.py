@@ -194,3 +194,25 @@ def test_the_lightbox_walks_the_album_with_buttons_and_keys_and_plays_video_and_
     finally:
         web.stop()
     assert not AlbumItem.objects.filter(id=image.id).exists()
+
+
+async def test_under_asgi_the_zip_is_streamed_too_not_drained_into_a_list(async_client, owner, project, monkeypatch):
+    """Django drains a sync iterator into a list under ASGI (daphne): the view hands it an
+    async one, so the first piece still leaves before the last file is opened."""
+    from asgiref.sync import sync_to_async
+
+    monkeypatch.setattr(album_zip, "CHUNK_BYTES", 4096)
+    items = await sync_to_async(lambda: [stored(project, os.urandom(100_000)) for _ in range(3)])()
+    opened = []
+    real_open = items[0].file.__class__.open
+    monkeypatch.setattr(
+        items[0].file.__class__, "open", lambda self, mode="rb": opened.append(self.name) or real_open(self, mode)
+    )
+    await async_client.aforce_login(owner)
+    response = await async_client.get(f"/projects/{project.id}/album.zip")
+    assert response.streaming and response.is_async
+    stream = aiter(response.streaming_content)
+    await anext(stream)
+    assert len(opened) == 1
+    chunks = [chunk async for chunk in stream]
+    assert len(opened) == 3 and max(len(c) for c in chunks) <= 4096 + 200

@@ -33,7 +33,8 @@ def album_delete(request, item_id):
 @login_required
 def album_download(request, project_id):
     project = own(Project, request.user, id=project_id)
-    response = StreamingHttpResponse(album_zip.zip_chunks(selectors.album_zip_items(project)), content_type="application/zip")
+    chunks = album_zip.zip_chunks(selectors.album_zip_items(project))
+    response = StreamingHttpResponse(album_zip.streamed(request, chunks), content_type="application/zip")
     name = "".join(c if c.isalnum() else "-" for c in project.name)[:60] or "album"
     response["Content-Disposition"] = f'attachment; filename="{name}-album.zip"'
     response["X-Content-Type-Options"] = "nosniff"

@@ -5,11 +5,18 @@ writes each entry's sizes and CRC in a data descriptor after its bytes instead o
 back to patch the header. Each file is copied in `CHUNK_BYTES` pieces and what the sink
 holds is handed to the response after every piece: memory holds one chunk, not one file,
 not the album. Media is stored as is (already compressed); text is deflated.
+
+Under ASGI (daphne) Django would drain a sync iterator into a list before sending it —
+the whole album in memory — so there the chunks are pulled one at a time through an
+async iterator (`streamed`); under WSGI the plain generator streams as it is.
 """
 
 import re
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 
 from queue_app.engine.media import ALBUM_TYPES
 
@@ -67,3 +74,17 @@ def zip_chunks(items: Iterable, *, chunk_bytes: int | None = None) -> Iterator[b
                     yield sink.take()
             yield sink.take()
     yield sink.take()
+
+
+async def _one_at_a_time(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    # thread_sensitive: every step runs in the same thread, which holds the database
+    # connection the items' query streams from.
+    done = object()
+    step = sync_to_async(lambda: next(chunks, done), thread_sensitive=True)
+    while (chunk := await step()) is not done:
+        yield chunk
+
+
+def streamed(request, chunks: Iterator[bytes]):
+    """What to give StreamingHttpResponse so that this server streams `chunks`."""
+    return _one_at_a_time(iter(chunks)) if isinstance(request, ASGIRequest) else chunks
