@@ -427,3 +427,24 @@ def idempotent(*, user, key: str | None, scope: str, body, run):
         raise
     IdempotencyKey.objects.filter(id=record.id).update(response=payload, status_code=status)
     return payload, status
+
+
+# --- Album ------------------------------------------------------------------------------
+
+
+def album_item_delete(*, user, item_id) -> int:
+    """Delete one of the user's album items and its files; returns the bytes freed. The
+    owner's storage usage is the sum of their items' sizes, so the row going frees them;
+    the files go after the commit (a rollback keeps them with their row)."""
+    from queue_app.engine.outputs import remove_files
+    from queue_app.models import AlbumItem
+
+    with transaction.atomic():
+        item = AlbumItem.objects.select_for_update().filter(id=item_id, owner=user).first()
+        if item is None:
+            raise ServiceError("album item not found", 404)
+        names = [name for name in (item.file.name, item.poster.name) if name]
+        item.delete()
+        events.emit(item.project_id, "album.deleted", item.job_id, "", {"item": item_id, "freed": item.size})
+        transaction.on_commit(lambda: remove_files(names))
+    return item.size

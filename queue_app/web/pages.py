@@ -116,6 +116,7 @@ def project_context(request, project: Project) -> dict:
         "failed_total": counts.get(Status.FAILED, 0),
         "album": groups,
         "album_total": album_total,
+        "album_counts": selectors.album_counts(project),
         "last_seq": events.last_seq(project.id),
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
@@ -184,12 +185,6 @@ def _is_uuid(value) -> bool:
         return True
     except ValueError:
         return False
-
-
-@login_required
-def job_detail(request, job_id):
-    job = own(Job, request.user, id=job_id)
-    return render(request, "queue_app/job_detail.html", {"job": job, "attempts": job.attempt_log.all()})
 
 
 # --- Providers --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, api_drafts, cancel, drafts, mcp, monitor, pages
+from queue_app.web import album_pages, api, api_drafts, cancel, drafts, job_page, mcp, monitor, pages
 
 urlpatterns = [
     # pages
@@ -15,13 +15,16 @@ urlpatterns = [
     path("projects/<int:project_id>/drafts/<uuid:job_id>/edit", drafts.draft_edit, name="draft_edit"),
     path("references/<str:sha256>", drafts.reference_file, name="reference_file"),
     path("projects/<int:project_id>/cancel", cancel.project_cancel, name="project_cancel"),
-    path("jobs/<uuid:job_id>/", pages.job_detail, name="job_detail"),
+    path("jobs/<uuid:job_id>/", job_page.job_detail, name="job_detail"),
     path("jobs/<uuid:job_id>/cancel", cancel.job_cancel, name="job_cancel"),
+    path("jobs/<uuid:job_id>/retry", job_page.job_retry, name="job_retry"),
     path("providers/", pages.provider_list, name="provider_list"),
     path("providers/new", pages.provider_edit, name="provider_new"),
     path("providers/<int:provider_id>/", pages.provider_edit, name="provider_edit"),
     path("album/<int:item_id>/file", pages.album_file, name="album_file"),
     path("album/<int:item_id>/poster", pages.album_file, {"variant": "poster"}, name="album_poster"),
+    path("album/<int:item_id>/delete", album_pages.album_delete, name="album_delete"),
+    path("projects/<int:project_id>/album.zip", album_pages.album_download, name="album_zip"),
     path("account/", pages.account, name="account"),
     path("account/tokens", pages.account_token_create, name="account_token_create"),
     path("account/tokens/<int:token_id>/revoke", pages.account_token_revoke, name="account_token_revoke"),
