@@ -37,6 +37,10 @@ class ComfyInstance(models.Model):
     driver = models.CharField(max_length=200, blank=True, default="")
     driver_until = models.DateTimeField(null=True, blank=True)
     unreachable_since = models.DateTimeField(null=True, blank=True)
+    # When the instance last answered again after not answering: a prompt posted before
+    # this that ComfyUI no longer knows was lost to a restart (ComfyUI keeps its queue and
+    # history in memory and reports no start time), so it is posted again.
+    back_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     last_checked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -96,3 +100,22 @@ class ComfyRun(models.Model):
 
     def __str__(self):
         return f"ComfyUI run of job {self.job_id} ({self.phase})"
+
+
+class ComfyUpload(models.Model):
+    """One reference upload per content, per instance address: the unique row is claimed
+    before the instance is asked, so two jobs starting together with one reference upload
+    it once (the second waits for the first's `stored_as`)."""
+
+    instance = models.ForeignKey(ComfyInstance, on_delete=models.CASCADE, related_name="uploads")
+    address = models.CharField(max_length=500)
+    name = models.CharField(max_length=200)  # the content-hash file name
+    stored_as = models.CharField(max_length=500, blank=True, default="")  # what LoadImage takes; "" while uploading
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["instance", "address", "name"], name="comfyupload_one_per_content")]
+
+    def __str__(self):
+        return f"{self.name} on instance {self.instance_id}"

@@ -10,6 +10,7 @@
 """
 
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from queue_app.engine import heartbeats
@@ -17,6 +18,16 @@ from queue_app.engine.leases import lease_take
 from queue_app.models import Job, JobAttempt
 
 Outcome = JobAttempt.Outcome
+
+
+def attempt_number(job: Job) -> int:
+    """Attempts are numbered across the job's life: a retry (which starts `job.attempts`
+    again at 0) continues after the highest number of the attempts before it."""
+    before = JobAttempt.objects.filter(job_id=job.id)
+    if job.queued_at:
+        before = before.filter(started_at__lt=job.queued_at)
+    earlier = before.aggregate(top=Max("number"))["top"] or 0
+    return earlier + max(job.attempts, 1)
 
 
 def attempt_begin(job: Job, token) -> JobAttempt | None:
@@ -28,7 +39,7 @@ def attempt_begin(job: Job, token) -> JobAttempt | None:
     with transaction.atomic():
         if not lease_take(job.id, token, owner=worker):
             return None
-        return JobAttempt.objects.create(job=job, number=job.attempts, worker=worker, task_id=job.task_id)
+        return JobAttempt.objects.create(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
 
 
 def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str = "") -> bool:
@@ -41,7 +52,7 @@ def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str 
 def attempt_record(job: Job, *, outcome: Outcome, reason: str, worker: str) -> None:
     JobAttempt.objects.create(
         job_id=job.id,
-        number=job.attempts,
+        number=attempt_number(job),
         worker=worker,
         task_id=job.task_id,
         finished_at=timezone.now(),

@@ -8,7 +8,8 @@ message sequence with clientId routing) and runs prompts one at a time in `numbe
 Scripted per prompt (`plan(Script(...), ...)`, FIFO; then `default`):
     ok, slow (seconds=…), error (execution_error), oom, invalid (400), hang (until
     interrupted), interrupt, history_gap=N (`{}` for N history reads after it finished)
-and per instance: refuse()/accept() (nothing listens), drop_next(n) (connections closed
+and per instance: refuse()/accept() (nothing listens), forget()/restart() (what a restart
+does: queue, history and the prompt counter gone, files kept), upload_delay, drop_next(n) (connections closed
 without an answer), fail_next(n) (500 text/plain, as ComfyUI's own), stall_downloads
 (seconds of silence after the first chunk of a /view body).
 Records: posted prompts, uploads, the peak number of prompts queued or running, and each
@@ -91,7 +92,10 @@ class FakeComfyUI:
         self.pending: list[list] = []
         self.running: list | None = None
         self._number = 0
-        self._counter = 0
+        self._counter = -1  # the first prompt is number 0, as recorded
+        self.restarts = 0
+        self.upload_delay = 0.0  # seconds an upload takes (to overlap two of them)
+        self.input_checks: list[str] = []
         self._sockets: dict[str, web.WebSocketResponse] = {}
         self._sessions: set[str] = set()
         self._interrupt: str | None = None
@@ -160,6 +164,35 @@ class FakeComfyUI:
                 handler.force_close()
 
         self._call(_refuse())
+
+    def forget(self) -> None:
+        """What a restart does to ComfyUI's memory (17_server_restart): the queue and the
+        history are gone (the running prompt never finishes), the prompt `number` counter
+        starts again at 0, sockets close (1006), temp files are wiped; output and input
+        files stay on disk and /view serves them."""
+
+        async def _forget():
+            self._executor.cancel()
+            self.pending.clear()
+            self.running = None
+            self.history.clear()
+            self._gaps.clear()
+            self._counter = -1
+            self._interrupt = None
+            self.files = {key: data for key, data in self.files.items() if key[0] != "temp"}
+            for socket in list(self._sockets.values()):
+                await socket.close(code=1006)
+            self._sockets.clear()
+            self.restarts += 1
+            self._executor = asyncio.ensure_future(self._execute())
+
+        self._call(_forget())
+
+    def restart(self) -> None:
+        """Stop, forget everything held in memory, and answer again."""
+        self.refuse()
+        self.forget()
+        self.accept()
 
     def accept(self) -> None:
         async def _accept():
@@ -309,6 +342,8 @@ class FakeComfyUI:
         if ".." in image.filename or ".." in subfolder:
             return web.Response(status=400)
         data = image.file.read()
+        if self.upload_delay:
+            await asyncio.sleep(self.upload_delay)
         name, index = image.filename, 0
         stem, dot, ext = image.filename.rpartition(".")
         overwrite = form.get("overwrite") in ("true", "1")
@@ -328,6 +363,10 @@ class FakeComfyUI:
         if ".." in query["filename"]:
             return web.Response(status=400)
         key = (query.get("type", "output"), query.get("subfolder", ""), query["filename"])
+        if key[0] == "input":
+            self.input_checks.append(key[2])
+            if self.upload_delay:
+                await asyncio.sleep(self.upload_delay / 2)  # a slow disk: the check and the upload overlap
         data = self.files.get(key)
         if data is None:
             return web.Response(status=404)
