@@ -88,6 +88,11 @@ class ComfyRunner:
                 ComfyInstance.objects.filter(id=instance_id, driver=driver).update(driver="", driver_until=None)
         return adopted
 
+    def health(self, project_ids, now=None) -> dict:
+        from comfy_app.health import instance_health
+
+        return instance_health(project_ids, now=now)
+
     def tick(self) -> bool:
         """Schedule due checks on the bounded pool; returns at once."""
         active = set(

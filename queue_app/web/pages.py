@@ -103,7 +103,8 @@ def project_context(request, project: Project) -> dict:
         .annotate(order=order)
         .order_by("order", "queued_at", "created_at", "id")[:SECTION_LIMIT]
     )
-    queue = [selectors.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
+    health = selectors.runner_health([project.id]) if project.kind == Kind.COMFYUI else {}
+    queue = [selectors.job_row(job, providers=providers, live=live, now=now, health=health) for job in queue_jobs]
     groups, album_total = album_groups(project)
     chosen_model = request.GET.get("model") or project.model
     return {
@@ -122,6 +123,7 @@ def project_context(request, project: Project) -> dict:
         "last_seq": events.last_seq(project.id),
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
+        "instance_health": health.get(project.id),
     }
 
 
@@ -260,7 +262,10 @@ def project_drafts(request, project_id):
 @login_required
 def job_detail(request, job_id):
     job = own(Job, request.user, id=job_id)
-    return render(request, "queue_app/job_detail.html", {"job": job, "attempts": job.attempt_log.all()})
+    health = selectors.runner_health([job.project_id]) if job.status in (Status.PENDING, Status.PROCESSING) else {}
+    warning = (health.get(job.project_id) or {}).get("message", "")
+    context = {"job": job, "attempts": job.attempt_log.all(), "instance_warning": warning}
+    return render(request, "queue_app/job_detail.html", context)
 
 
 # --- Providers --------------------------------------------------------------------------
