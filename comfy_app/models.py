@@ -93,6 +93,8 @@ class ComfyRun(models.Model):
     posted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     warnings = models.TextField(blank=True, default="")
+    # The node the last progress came from ("node 3 (KSampler)"); Job.progress is its value/max.
+    progress_node = models.CharField(max_length=200, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -7,7 +7,8 @@ message sequence with clientId routing) and runs prompts one at a time in `numbe
 
 Scripted per prompt (`plan(Script(...), ...)`, FIFO; then `default`):
     ok, slow (seconds=…), error (execution_error), oom, invalid (400), hang (until
-    interrupted), interrupt, history_gap=N (`{}` for N history reads after it finished)
+    interrupted), interrupt, history_gap=N (`{}` for N history reads after it finished),
+    steps=N (`progress` messages over the run)
 and per instance: refuse()/accept() (nothing listens), forget()/restart() (what a restart
 does: queue, history and the prompt counter gone, files kept), upload_delay, drop_next(n) (connections closed
 without an answer), fail_next(n) (500 text/plain, as ComfyUI's own), stall_downloads
@@ -71,6 +72,7 @@ class Script:
     images: int = 1
     image_bytes: int = 0
     video: bool = False
+    steps: int = 0  # `progress` messages value 0..steps-1 of `steps`, spread over the run (12_binary_preview_frames)
 
 
 class FakeComfyUI:
@@ -442,10 +444,16 @@ class FakeComfyUI:
             await self._send(client_id, "executing", {"node": first_node, "display_node": first_node, "prompt_id": prompt_id})
             interrupted = False
             deadline = started + (1e9 if script.kind == "hang" else script.seconds)
+            step = 0
             while time.monotonic() < deadline:
                 if self._interrupt in ("*", prompt_id) or script.kind == "interrupt":
                     interrupted = True
                     break
+                if step < script.steps and time.monotonic() >= started + script.seconds * step / script.steps:
+                    # as recorded: value 0..max-1 of max, never max/max, from the node running
+                    data = {"value": step, "max": script.steps, "prompt_id": prompt_id, "node": first_node}
+                    await self._send(client_id, "progress", data)
+                    step += 1
                 await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
             self._interrupt = None
             node_outputs, status = {}, None
