@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
+from comfy_app import allowed_hosts
 from queue_app.providers import crypto, net
 
 log = logging.getLogger(__name__)
@@ -158,9 +159,10 @@ class ComfyClient:
     def _raw(self, method: str, path: str, *, timeout=TIMEOUT, headers=None, **kwargs) -> requests.Response:
         url = self.base_url + path
         try:
-            return net.request(method, url, timeout=timeout, headers=headers or {}, **kwargs)
+            with net.purpose(allowed_hosts.PURPOSE):  # the private hosts staff allowed for ComfyUI
+                return net.request(method, url, timeout=timeout, headers=headers or {}, **kwargs)
         except net.UnsafeURL as error:
-            raise BadAddress(f"the ComfyUI address is not allowed: {error}") from None
+            raise BadAddress(allowed_hosts.refusal(error)) from None
         except net.TooLarge as error:
             raise CheckFailed(str(error)) from None
         except requests.ConnectTimeout:

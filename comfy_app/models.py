@@ -7,6 +7,7 @@ phase each in-flight job is in at the instance.
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 
 from queue_app.models import Job, Project
@@ -121,3 +122,25 @@ class ComfyUpload(models.Model):
 
     def __str__(self):
         return f"{self.name} on instance {self.instance_id}"
+
+
+class ComfyAllowedHost(models.Model):
+    """A private or local host staff allow ComfyUI instances at (127.0.0.1:8188, a LAN
+    address): exempt from the outbound private-address guard for ComfyUI calls only, plain
+    http included when `allow_http`. Read on every check (comfy_app/allowed_hosts.py)."""
+
+    address = models.CharField(max_length=260, unique=True, help_text="host or host:port, e.g. 192.168.1.20:8188")
+    allow_http = models.BooleanField(default=True, help_text="also allow plain http (most local ComfyUI instances)")
+    note = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["address"]
+
+    def __str__(self):
+        return self.address
+
+    def entry(self) -> str:
+        """As net.py's OUTBOUND_ALLOWLIST entries are written."""
+        return f"http://{self.address}" if self.allow_http else self.address

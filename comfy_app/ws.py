@@ -15,7 +15,7 @@ import logging
 import threading
 from urllib.parse import quote
 
-from comfy_app import progress
+from comfy_app import allowed_hosts, progress
 from queue_app.providers import net
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class Listeners:
         import aiohttp
 
         url = base_url.replace("http", "ws", 1) + "/ws?clientId=" + quote(client_id)
+        net.set_purpose(allowed_hosts.PURPOSE)  # this task's context only
         while True:
             try:
                 timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=None)
