@@ -53,7 +53,8 @@ def normalise(address: str) -> tuple[str, bool | None]:
 
 def refusal(error: net.UnsafeURL) -> str:
     """The message for a refused ComfyUI address: what, and where to allow it."""
-    return f"the ComfyUI address is not allowed: {error}. A local or private instance must first be allowed by staff under " + WHERE
+    where = f"A local or private instance must first be allowed by staff under {WHERE}"
+    return f"the ComfyUI address is not allowed: {error}. {where}"
 
 
 def register() -> None:
