@@ -92,6 +92,9 @@ class ComfyRun(models.Model):
     remote_state = models.CharField(max_length=12, blank=True, default="")
     missing_checks = models.PositiveSmallIntegerField(default=0)
     posted_at = models.DateTimeField(null=True, blank=True)
+    # ComfyUI's `number` for our prompt (POST /prompt's answer): a restart starts the
+    # counter again, which tells a prompt lost to a restart from one merely late.
+    remote_number = models.FloatField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     warnings = models.TextField(blank=True, default="")
     # The node the last progress came from ("node 3 (KSampler)"); Job.progress is its value/max.

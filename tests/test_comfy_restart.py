@@ -15,7 +15,7 @@ from comfy_app.models import ComfyInstance, ComfyRun, ComfyUpload
 from comfy_app.runner import check, claim
 from queue_app.models import AlbumItem, JobAttempt, Status
 from tests.fakes.comfyui import Script, png_of_size
-from tests.test_comfy_runner import BINDINGS, LOADING, comfy_project, data_url, done, drive, job_of, start
+from tests.test_comfy_runner import BINDINGS, LOADING, comfy_project, data_url, done, drive, job_of, start, wait_fake
 from tests.test_comfy_runner import fake as fake  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,16 +77,31 @@ def test_the_old_prompt_reappearing_after_a_repost_adds_no_second_album_item(own
     assert AlbumItem.objects.filter(job=job).count() == 1 and job_of(job).status == Status.COMPLETED
 
 
-def test_a_forgotten_prompt_without_a_restart_seen_still_fails_after_its_grace_checks(owner, fake, inline_tasks):
+def test_a_restart_between_two_checks_is_told_by_the_prompt_counter_starting_again(owner, fake, inline_tasks):
     project, instance = comfy_project(owner, fake)
-    fake.plan(Script(seconds=30))
-    [job] = start(owner, project)
+    fake.plan(Script(seconds=30), Script(seconds=30))
+    a, b = start(owner, project, 2)
     inline_tasks.run()
-    fake.forget()  # gone without ever being seen down: nothing says it restarted after our post
+    assert [r.remote_number for r in ComfyRun.objects.order_by("remote_number")] == [0, 1]
+    fake.restart()  # never seen down: only the counter (back at 0, nothing held) tells
+    check.check_instance(instance.id)  # a first missing check: could be a history lag
+    assert len(fake.posted) == 2
+    drive(instance, inline_tasks, done(a, b))
+    assert [job_of(job).status for job in (a, b)] == [Status.COMPLETED] * 2
+    assert len(fake.posted) == 4 and AlbumItem.objects.filter(job__in=[a, b]).count() == 2
+
+
+def test_a_forgotten_prompt_below_a_later_one_is_not_taken_for_a_restart(owner, fake, inline_tasks):
+    project, instance = comfy_project(owner, fake)
+    fake.plan(Script(seconds=0.05), Script(seconds=30))
+    first, second = start(owner, project, 2)
+    inline_tasks.run()
+    wait_fake(fake, lambda: job_of(first).task_id in fake.history)
+    del fake.history[job_of(first).task_id]  # cleared at the instance; the later prompt is still held
     for _ in range(check.MISSING_GRACE_CHECKS + 1):
         check.check_instance(instance.id)
         inline_tasks.run()
-    assert job_of(job).status == Status.FAILED and len(fake.posted) == 1
+    assert job_of(first).status == Status.FAILED and len(fake.posted) == 2
 
 
 def test_attempt_numbers_continue_across_a_users_retry(owner, fake, inline_tasks):

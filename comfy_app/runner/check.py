@@ -240,7 +240,7 @@ def _check_run(client, run: ComfyRun, states: dict, now, *, back_at=None) -> Che
     except comfy.ComfyError as error:
         return Checked.FAILED if _check_failed(job, error.reason) else Checked.ERROR
     if entry is None or not is_ours(entry, run.nonce):
-        if back_at and run.posted_at and run.posted_at < back_at and run.graph:
+        if run.graph and _lost_to_restart(client, run, back_at):
             return _repost(run)
         return _check_missing(run)
     status = entry.get("status") or {}
@@ -289,6 +289,22 @@ def _check_missing(run: ComfyRun) -> Checked:
         outcome=Outcome.LOST,
     )
     return Checked.FAILED
+
+
+def _lost_to_restart(client, run: ComfyRun, back_at) -> bool:
+    """Whether the instance restarted after we posted this (now forgotten) prompt: it was
+    seen down and back since, or — on the second missing check in a row, past the moment
+    where a finishing prompt's history can lag — its prompt counter started again below
+    our prompt's number."""
+    if back_at and run.posted_at and run.posted_at < back_at:
+        return True
+    if run.remote_number is None or run.missing_checks < 1:
+        return False
+    try:
+        highest = client.highest_number()
+    except comfy.ComfyError:
+        return False
+    return highest is None or highest < run.remote_number
 
 
 def _repost(run: ComfyRun) -> Checked:

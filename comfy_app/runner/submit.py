@@ -152,7 +152,11 @@ def _post(client, job: Job, graph: dict, prompt_id: str, nonce: str, instance: C
         # Accepted with only the valid outputs (ComfyUI's partial acceptance): say so.
         warnings = comfy.describe_rejection({"node_errors": answer["node_errors"]}).replace("rejected", "dropped part of")
     ComfyRun.objects.filter(job_id=job.id, phase=Phase.SUBMITTING).update(
-        phase=Phase.REMOTE, posted_at=timezone.now(), remote_state="pending", warnings=warnings
+        phase=Phase.REMOTE,
+        posted_at=timezone.now(),
+        remote_state="pending",
+        warnings=warnings,
+        remote_number=answer.get("number") if isinstance(answer.get("number"), int | float) else None,
     )
     return Submission.POSTED
 

@@ -125,6 +125,7 @@ class FakeComfyUI:
             app.router.add_get(prefix + "/queue", self.get_queue)
             app.router.add_post(prefix + "/queue", self.post_queue)
             app.router.add_get(prefix + "/history/{prompt_id}", self.get_history)
+            app.router.add_get(prefix + "/history", self.list_history)
             app.router.add_post(prefix + "/interrupt", self.post_interrupt)
             app.router.add_post(prefix + "/upload/image", self.upload)
             app.router.add_get(prefix + "/view", self.view)
@@ -324,6 +325,15 @@ class FakeComfyUI:
             self._gaps[prompt_id] -= 1
             return web.json_response({})
         return web.json_response({prompt_id: entry})
+
+    async def list_history(self, request):
+        """`?max_items=N`: the N most recent entries, oldest first (16_history_listing_and_misc)."""
+        try:
+            count = int(request.query.get("max_items", len(self.history)))
+        except ValueError:
+            return web.Response(status=500, text=ERROR_500, headers={"Connection": "close"})
+        items = list(self.history.items())[-count:] if count > 0 else []
+        return web.json_response(dict(items))
 
     async def post_interrupt(self, request):
         try:
