@@ -25,7 +25,7 @@ class ComfyInstanceForm(forms.ModelForm):
 class ComfyInstanceAdmin(admin.ModelAdmin):
     form = ComfyInstanceForm
     list_display = ["project", "base_url", "driver", "unreachable_since", "last_checked_at"]
-    readonly_fields = ["client_id", "driver", "driver_until", "unreachable_since", "last_error", "last_checked_at"]
+    readonly_fields = ["client_id", "driver", "driver_until", "unreachable_since", "back_at", "last_error", "last_checked_at"]
 
 
 @admin.register(ComfyRun)
