@@ -96,8 +96,7 @@ MAX_ID = 2**63 - 1
 def visible_project(user, project_id) -> Project:
     if isinstance(project_id, bool) or not isinstance(project_id, int) or not 1 <= project_id <= MAX_ID:
         raise services.ServiceError("project not found", 404)
-    projects = Project.objects.all() if user.is_staff else Project.objects.filter(owner=user)
-    project = projects.filter(id=project_id).first()
+    project = selectors.visible_to(user, Project).filter(id=project_id).first()
     if project is None:
         raise services.ServiceError("project not found", 404)
     return project

@@ -26,8 +26,7 @@ def own(model, user, **lookup):
     """An object the user owns, or 404 — staff see everyone's."""
     if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
         raise Http404("not found")  # an id no database column can hold
-    queryset = model.objects.all() if user.is_staff else model.objects.filter(owner=user)
-    return get_object_or_404(queryset, **lookup)
+    return get_object_or_404(selectors.visible_to(user, model), **lookup)
 
 
 @login_required
