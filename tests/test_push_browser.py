@@ -13,8 +13,8 @@ import time
 import pytest
 from django.db import connections
 
-from queue_app import notifications
 from queue_app.models import PushSubscription
+from queue_app.notifications import devices, vapid
 from tests import procs
 from tests.fakes.push_service import Device, PushService
 
@@ -98,8 +98,8 @@ def test_the_preferences_page_subscribes_this_browser_with_a_registered_service_
         subscription = PushSubscription.objects.get()
         assert subscription.user == owner and subscription.endpoint == device.endpoint
         assert "Chrome" in subscription.user_agent
-        public, _ = notifications.vapid_keys()
-        assert bytes(page.evaluate("window.__subscribeKey")) == notifications._b64decode(public)
+        public, _ = vapid.vapid_keys()
+        assert bytes(page.evaluate("window.__subscribeKey")) == devices._b64decode(public)
 
         # The test button sends through the push service to this browser's subscription.
         page.click("#push-test")
