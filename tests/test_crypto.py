@@ -7,7 +7,7 @@ import responses
 from django.db import connection
 
 from queue_app.models import Job, Provider
-from tests.conftest import make_provider
+from tests.factories import make_provider
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import openai_error, openai_images
 
@@ -66,7 +66,8 @@ def test_the_key_never_reaches_the_logs(owner, keyed, caplog, inline_tasks, monk
     """The worker really runs both jobs against a fake OpenAI: one completes, the other is
     refused with an answer that echoes the key (OpenAI's "Incorrect API key provided: …")."""
     from queue_app import services
-    from tests.conftest import make_drafts, make_project, statuses
+    from tests.conftest import statuses
+    from tests.factories import make_drafts, make_project
 
     use_fake_dns(monkeypatch)
     responses.add(responses.POST, OPENAI_IMAGES, json=openai_images())

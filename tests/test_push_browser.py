@@ -7,7 +7,6 @@ service; everything else is the browser's own: permission, service worker, page 
 """
 
 import json
-import os
 import time
 
 import pytest
@@ -20,13 +19,6 @@ from tests.fakes.push_service import Device, PushService
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 FAKE_PUSH_MANAGER = """
 (() => {
@@ -45,20 +37,6 @@ FAKE_PUSH_MANAGER = """
   PushManager.prototype.getSubscription = function () { return Promise.resolve(current); };
 })();
 """
-
-
-@pytest.fixture
-def chromium():
-    if not os.path.exists("/usr/bin/chromium"):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.fixture
