@@ -148,7 +148,7 @@ def test_a_finished_prompt_stops_counting_so_the_next_job_is_sent_while_it_downl
     assert ComfyRun.objects.get(job=first).phase == "collecting" and job_of(first).status == Status.PROCESSING
     # the third job is claimed and its submission queued before the first one's download ran
     funcs = [func for func, _ in inline_tasks.queue]
-    assert funcs == ["comfy_app.tasks.collect_job", "comfy_app.tasks.submit_job"]
+    assert funcs == ["comfy_app.tasks.collect_prompt", "comfy_app.tasks.submit_prompt"]
     inline_tasks.run()
     assert job_of(first).status == Status.COMPLETED and len(fake.posted) == 3
 

@@ -213,7 +213,7 @@ class DraftForm(forms.Form):
     sound = forms.CharField(required=False, max_length=10)
 
 
-def draft_settings(project: Project, data: dict) -> dict:
+def settings_from_form(project: Project, data: dict) -> dict:
     """The output settings of a draft form, each within what the chosen model offers
     (blank: the project's setting, resolved at claim)."""
     model = data.get("model") or ""
@@ -248,7 +248,7 @@ def project_drafts(request, project_id):
             project=project,
             prompt=form.cleaned_data["prompt"],
             quantity=form.cleaned_data["quantity"],
-            settings_=draft_settings(project, form.cleaned_data),
+            settings_=settings_from_form(project, form.cleaned_data),
         )
         messages.success(request, f"{len(jobs)} draft(s) created")
     except services.ServiceError as error:
