@@ -13,9 +13,10 @@ from django.views.decorators.http import require_POST
 from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
-from queue_app.providers import crypto, net
+from queue_app.providers import crypto
 from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files, tokens
+from queue_app.web.base_url import CleansBaseUrl
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
@@ -271,21 +272,12 @@ def provider_list(request):
     return render(request, "queue_app/provider_list.html", {"providers": providers, "families": Family.choices})
 
 
-class ProviderEditForm(forms.ModelForm):
+class ProviderEditForm(CleansBaseUrl, forms.ModelForm):
     api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False))
 
     class Meta:
         model = Provider
         fields = ["name", "family", "base_url", "concurrency", "max_attempts", "paused"]
-
-    def clean_base_url(self):
-        url = self.cleaned_data.get("base_url")
-        if url:
-            try:
-                return net.validate_base_url(url)
-            except ValueError as error:
-                raise forms.ValidationError(str(error)) from None
-        return url
 
 
 @login_required
