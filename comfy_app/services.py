@@ -5,13 +5,14 @@ import json
 from comfy_app import allowed_hosts, workflow
 from comfy_app import client as comfy
 from comfy_app.models import ComfyAllowedHost, ComfyInstance
+from queue_app import selectors
 from queue_app.models import Kind, Project
 from queue_app.providers import net
 from queue_app.services import ServiceError
 
 
 def _own_comfy_project(user, project: Project) -> Project:
-    if project.owner_id != user.id and not user.is_staff:
+    if not selectors.may_see(user, project):
         raise ServiceError("project not found", 404)
     if project.kind != Kind.COMFYUI:
         raise ServiceError("this project is not a ComfyUI project")

@@ -12,13 +12,13 @@ from django.views.decorators.http import require_POST
 
 from comfy_app import allowed_hosts, services, setup
 from comfy_app.workflow import KINDS, WorkflowError
+from queue_app import selectors
 from queue_app.models import Kind, Project
 from queue_app.services import ServiceError
 
 
 def own_comfy_project(user, project_id) -> Project:
-    queryset = Project.objects.all() if user.is_staff else Project.objects.filter(owner=user)
-    return get_object_or_404(queryset, id=project_id, kind=Kind.COMFYUI)
+    return get_object_or_404(selectors.visible_to(user, Project), id=project_id, kind=Kind.COMFYUI)
 
 
 class ComfySettingsForm(forms.Form):

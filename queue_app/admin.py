@@ -21,13 +21,14 @@ from queue_app.models import (
     PushSubscription,
     Status,
 )
-from queue_app.providers import crypto, net
+from queue_app.providers import crypto
+from queue_app.web.base_url import CleansBaseUrl
 
 admin.site.site_header = "Remix Studio Queue"
 admin.site.index_template = "admin/queue_index.html"
 
 
-class ProviderForm(forms.ModelForm):
+class ProviderForm(CleansBaseUrl, forms.ModelForm):
     """The key fields are write-only: blank keeps the stored value, and the form shows
     at most the last four characters."""
 
@@ -54,15 +55,6 @@ class ProviderForm(forms.ModelForm):
         if self.instance and self.instance.pk:
             self.fields["api_key"].help_text = f"stored: {crypto.hint(self.instance.api_key) or 'none'} — leave blank to keep"
             self.fields["api_secret"].help_text = "leave blank to keep"
-
-    def clean_base_url(self):
-        url = self.cleaned_data.get("base_url")
-        if url:
-            try:
-                return net.validate_base_url(url)
-            except ValueError as error:
-                raise forms.ValidationError(str(error)) from None
-        return url
 
     def save(self, commit=True):
         provider = super().save(commit=False)

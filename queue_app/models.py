@@ -1,6 +1,11 @@
 """Projects, providers, jobs, attempts, album items, live events.
 
 A job's `status` is never assigned here or anywhere but `queue_app.engine.transitions`.
+
+Longer than ~400 lines on purpose: these are the tables of one Django app, mostly field
+declarations and the constraints that pin the invariants (one slot per job, one open run
+per project); read together they are the data model, and a `models/` package would only
+scatter them.
 """
 
 import uuid

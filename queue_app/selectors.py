@@ -5,23 +5,19 @@ The Queue Monitor, the JSON API, the MCP tools and `manage.py queue_status` all 
 grouped aggregation over unfinished and failed jobs, one over providers, one over the
 projects that appear, one over heartbeats.
 
-Derived states (ARCHITECTURE "Job states"):
-- Waiting — pending, but nothing will dispatch it now: provider paused or cooling down,
-  retry backoff not elapsed, no usable provider, or no live worker to take it;
-- Queued — pending and dispatchable, waiting for a slot;
-- Running — processing without a remote task id under a live lease;
-- Stalled — processing without a task id whose lease expired (healing returns it);
-- Detached — processing with a remote task id; it keeps its slot while polled.
+Derived states (Waiting, Queued, Running, Stalled, Detached and the waiting reason) are
+defined once, SQL beside Python, in queue_app/states.py; this module only applies them.
+Ownership ("this user may see / change this row") is `visible_to` / `may_see` below.
 """
 
 from collections import defaultdict
 
 from django.db.models import BooleanField, Case, Count, Max, Min, Q, Value, When
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from queue_app import states
 from queue_app.engine import heartbeats, runners
-from queue_app.models import AlbumItem, ErrorClass, Job, Project, Provider, Status
+from queue_app.models import AlbumItem, Job, Project, Provider, Status
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")
 
@@ -30,31 +26,28 @@ def _flag(condition: Q):
     return Case(When(condition, then=Value(True)), default=Value(False), output_field=BooleanField())
 
 
-def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dict, now, backoff_until=None) -> str:
-    """Why a pending job would not be dispatched right now ('' when it is Queued)."""
-    if kind in runners.RUNNERS:
-        return "" if live["queue_services"] else "no live queue service"
-    if provider is None:
-        return "no provider"
-    if provider["paused"]:
-        return f"provider paused: {provider['paused_reason']}" if provider.get("paused_reason") else "provider paused"
-    if provider["cooldown_until"] and provider["cooldown_until"] > now:
-        return f"cooling down until {provider['cooldown_until']:%H:%M:%S}"
-    if backoff:
-        return f"backoff until {backoff_until:%H:%M:%S}" if backoff_until else "retry backoff"
-    if not live["workers"]:
-        return "no live worker"
-    return ""
+waiting_reason = states.waiting_reason  # the public name callers know
+
+
+def visible_to(user, model):
+    """The one ownership rule: the rows of `model` (Job, Project, Provider, AlbumItem:
+    anything with an owner) a user may see and change — their own; staff everyone's."""
+    return model.objects.all() if user.is_staff else model.objects.filter(owner=user)
+
+
+def may_see(user, row) -> bool:
+    """`visible_to` for a row already loaded (no query)."""
+    return user.is_staff or row.owner_id == user.id
 
 
 def visible_jobs(user):
     """The jobs a user may see: their own; staff see everyone's."""
-    return Job.objects.all() if user.is_staff else Job.objects.filter(owner=user)
+    return visible_to(user, Job)
 
 
 def visible_providers(user) -> dict:
     """{id: row} of every provider record the user may see (idle ones too), one query."""
-    providers_qs = Provider.objects.all() if user.is_staff else Provider.objects.filter(owner=user)
+    providers_qs = visible_to(user, Provider)
     return {
         row["id"]: row
         for row in providers_qs.values(
@@ -79,15 +72,11 @@ def queue_status(
     providers = visible_providers(user) if providers is None else providers
     groups = (
         jobs.annotate(
-            bucket_provider=Case(
-                When(status=Status.PROCESSING, then="active_provider_id"),
-                default=Coalesce("provider_id", "project__provider_id"),
-            ),
-            detached=_flag(~Q(task_id="")),
-            backoff=_flag(Q(not_before__gt=now)),
-            stalled=_flag(Q(lease_expires_at__lt=now) & Q(task_id="")),
+            bucket_provider=states.effective_provider_sql(),
+            processing_state=states.processing_state_sql(now),
+            backoff=_flag(states.in_backoff_sql(now)),
         )
-        .values("project_id", "project__kind", "bucket_provider", "status", "detached", "backoff", "stalled")
+        .values("project_id", "project__kind", "bucket_provider", "status", "processing_state", "backoff")
         .annotate(n=Count("id"), oldest=Min("queued_at"), latest=Max("updated_at"))
         .order_by()
     )
@@ -117,7 +106,7 @@ def queue_status(
                     current = provider_oldest.get(provider_id)
                     provider_oldest[provider_id] = min(current, row["oldest"]) if current else row["oldest"]
         elif status == Status.PROCESSING:
-            keys.append("detached" if row["detached"] else ("stalled" if row["stalled"] else "running"))
+            keys.append(row["processing_state"])
         for key in keys:
             totals[key] += n
             per_project[row["project_id"]][key] += n
@@ -256,65 +245,9 @@ JOB_FILTER_STATES = (
 MAX_PER_PAGE = 200
 
 
-def _effective_provider():
-    # The provider whose queue a job is in: the slot it holds, or else its own provider,
-    # or else its project's (the same bucket as queue_status).
-    return Case(
-        When(status=Status.PROCESSING, then="active_provider_id"),
-        default=Coalesce("provider_id", "project__provider_id"),
-    )
-
-
-def _state_filter(state: str, *, providers: dict, live: dict, now) -> Q:
-    """The SQL condition of a derived state, from the same facts `waiting_reason` reads."""
-    runner_kinds = list(runners.RUNNERS)
-    if state in ("waiting", "queued"):
-        blocked = [pid for pid, p in providers.items() if p["paused"] or (p["cooldown_until"] and p["cooldown_until"] > now)]
-        if live["workers"]:
-            provider_waits = (
-                Q(eff_provider__isnull=True)
-                | ~Q(eff_provider__in=list(providers))
-                | Q(eff_provider__in=blocked)
-                | Q(not_before__gt=now)
-            )
-        else:
-            provider_waits = Q(pk__isnull=False)  # nothing dispatches without a worker
-        runner_waits = Q(pk__isnull=False) if not live["queue_services"] else Q(pk__isnull=True)
-        waits = (Q(project__kind__in=runner_kinds) & runner_waits) | (~Q(project__kind__in=runner_kinds) & provider_waits)
-        return Q(status=Status.PENDING) & (waits if state == "waiting" else ~waits)
-    if state == "detached":
-        return Q(status=Status.PROCESSING) & ~Q(task_id="")
-    if state == "stalled":
-        return Q(status=Status.PROCESSING, task_id="", lease_expires_at__lt=now)
-    if state == "running":
-        return Q(status=Status.PROCESSING, task_id="") & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gte=now))
-    if state == "cancelled":
-        return Q(status=Status.FAILED, error_class=ErrorClass.CANCELLED)
-    if state == "active":
-        return Q(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
-    if state in Status.values:
-        return Q(status=state)
-    return Q()
-
-
 def job_state(job: Job, *, providers: dict, live: dict, now) -> tuple[str, str]:
     """(derived state, why it waits) of one job; the job needs its project loaded."""
-    if job.status == Status.PENDING:
-        provider = providers.get(job.provider_id or job.project.provider_id)
-        backoff = bool(job.not_before and job.not_before > now)
-        reason = waiting_reason(
-            provider=provider, kind=job.project.kind, backoff=backoff, live=live, now=now, backoff_until=job.not_before
-        )
-        return ("waiting", reason) if reason else ("queued", "")
-    if job.status == Status.PROCESSING:
-        if job.task_id:
-            return "detached", ""
-        if job.lease_expires_at and job.lease_expires_at < now:
-            return "stalled", "lease expired; the next heal returns it to pending"
-        return "running", ""
-    if job.status == Status.FAILED and job.error_class == ErrorClass.CANCELLED:
-        return "cancelled", ""
-    return job.status, ""
+    return states.of_job(job, providers=providers, live=live, now=now)
 
 
 def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None, health: dict | None = None) -> dict:
@@ -405,8 +338,8 @@ def jobs_page(
     live = heartbeats.liveness(now=now) if live is None else live
     per_page = max(1, min(int(per_page), MAX_PER_PAGE))
     state = state if state in JOB_FILTER_STATES else "active"
-    jobs = visible_jobs(user).annotate(eff_provider=_effective_provider())
-    jobs = jobs.filter(_state_filter(state, providers=providers, live=live, now=now))
+    jobs = visible_jobs(user).annotate(eff_provider=states.effective_provider_sql())
+    jobs = jobs.filter(states.condition(state, providers=providers, live=live, now=now))
     if provider_id is not None:
         jobs = jobs.filter(eff_provider=provider_id)
     if project_id is not None:

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app import references
+from queue_app import references, selectors
 from queue_app.engine import dispatch, events, outputs, remote_cancel, transitions
 from queue_app.models import IdempotencyKey, Job, Kind, Project, Provider, Reference, Status
 from queue_app.providers.catalogue import CATALOGUE, default_model
@@ -299,15 +299,13 @@ def failed_scope(*, user, project_id=None, provider_id=None):
     project, or a provider queue (the job's provider, or else its project's)."""
     if project_id is not None and provider_id is not None:
         raise ServiceError("choose one scope: a project or a provider, not both")
-    jobs = Job.objects.filter(status=Status.FAILED)
-    if not user.is_staff:
-        jobs = jobs.filter(owner=user)
+    jobs = selectors.visible_to(user, Job).filter(status=Status.FAILED)
     if project_id is not None:
-        if not Project.objects.filter(id=project_id, **({} if user.is_staff else {"owner": user})).exists():
+        if not selectors.visible_to(user, Project).filter(id=project_id).exists():
             raise ServiceError("project not found", 404)
         jobs = jobs.filter(project_id=project_id)
     if provider_id is not None:
-        if not Provider.objects.filter(id=provider_id, **({} if user.is_staff else {"owner": user})).exists():
+        if not selectors.visible_to(user, Provider).filter(id=provider_id).exists():
             raise ServiceError("provider not found", 404)
         jobs = jobs.filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
     return jobs
@@ -345,8 +343,8 @@ def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
 
 
 def _own_provider(user, provider_id) -> Provider:
-    provider = Provider.objects.filter(id=provider_id).first()
-    if provider is None or (provider.owner_id != user.id and not user.is_staff):
+    provider = selectors.visible_to(user, Provider).filter(id=provider_id).first()
+    if provider is None:
         raise ServiceError("provider not found", 404)
     return provider
 

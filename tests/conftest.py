@@ -13,7 +13,8 @@ import pytest  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from queue_app.models import AccountSettings, Job, Project, Provider, Status  # noqa: E402
+from queue_app.models import Job, Status  # noqa: E402
+from tests.factories import make_drafts, make_job, make_project, make_provider, make_user  # noqa: E402
 
 # Debian's Chromium, which the browser tests drive. Under `make test` (REQUIRE_BROWSER=1)
 # a missing one fails those tests with how to install it, instead of skipping them quietly.
@@ -66,12 +67,6 @@ def _isolated_files(tmp_path, settings):
     settings.DEMO_LEDGER_DIR = tmp_path / "ledger"
 
 
-def make_user(django_user_model, username, **extra):
-    user = django_user_model.objects.create_user(username=username, password="pw-" + username, **extra)
-    AccountSettings.objects.create(user=user)
-    return user
-
-
 @pytest.fixture
 def owner(django_user_model):
     return make_user(django_user_model, "owner")
@@ -87,20 +82,6 @@ def staff(django_user_model):
     return make_user(django_user_model, "staff", is_staff=True, is_superuser=True)
 
 
-def make_provider(owner, *, name="Demo", family="demo", concurrency=1, **options):
-    options.setdefault("latency_ms", 0)
-    return Provider.objects.create(owner=owner, name=name, family=family, concurrency=concurrency, options=options)
-
-
-def make_project(owner, provider=None, *, name="Project", kind="image", **fields):
-    fields.setdefault("model", "demo-image" if provider is not None and provider.family == "demo" else "")
-    return Project.objects.create(owner=owner, name=name, kind=kind, provider=provider, **fields)
-
-
-def make_drafts(project, n=1, prompt="a red fox", **fields):
-    return [Job.objects.create(project=project, owner=project.owner, prompt=f"{prompt} {i}", **fields) for i in range(n)]
-
-
 @pytest.fixture
 def provider(owner):
     return make_provider(owner)
@@ -109,6 +90,43 @@ def provider(owner):
 @pytest.fixture
 def project(owner, provider):
     return make_project(owner, provider)
+
+
+@pytest.fixture
+def fake_comfyui(settings):
+    """The ComfyUI fake (tests/fakes/comfyui.py, built from the recordings in
+    ../shared/comfyui) on a loopback port the outbound guard is told to allow."""
+    from tests.fakes.comfyui import FakeComfyUI
+
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
+    server = FakeComfyUI().start()
+    yield server
+    server.stop()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def chromium():
+    """Debian's Chromium driven by Playwright (skips where it is not installed)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"needs Debian's Chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 class InlineTasks:
@@ -149,4 +167,14 @@ def statuses(jobs) -> list[str]:
     return [status_of(job) for job in jobs]
 
 
-__all__ = ["make_provider", "make_project", "make_drafts", "status_of", "statuses", "Status", "is_postgres"]
+__all__ = [
+    "make_user",
+    "make_provider",
+    "make_project",
+    "make_drafts",
+    "make_job",
+    "status_of",
+    "statuses",
+    "Status",
+    "is_postgres",
+]

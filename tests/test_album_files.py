@@ -11,7 +11,6 @@
 """
 
 import io
-import os
 import wave
 
 import pytest
@@ -187,17 +186,14 @@ def test_text_items_are_plain_text_in_a_sandbox(owner, project):
 
 # --- in a real browser ----------------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-
 
 @pytest.mark.browser
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
-def test_no_hostile_output_runs_script_from_the_album_the_job_page_or_the_monitor(owner, inline_tasks, settings, tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
+def test_no_hostile_output_runs_script_from_the_album_the_job_page_or_the_monitor(
+    owner, inline_tasks, settings, tmp_path, chromium
+):
     from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
 
     # Through the fake provider: what the output writer makes of each hostile file.
     html_project, html_job = run_with(owner, inline_tasks, settings, (HTML, "text/html"), "HTML")
@@ -214,34 +210,31 @@ def test_no_hostile_output_runs_script_from_the_album_the_job_page_or_the_monito
     web = procs.daphne(tmp_path / "logs")
     dialogs = []
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            context = browser.new_context(accept_downloads=True)
-            page = context.new_page()
-            page.set_default_timeout(30_000)
-            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-            page.goto(f"{web.url}/accounts/login/")
-            page.fill("input[name=username]", owner.username)
-            page.fill("input[name=password]", "pw-" + owner.username)
-            page.click("main button[type=submit]")
-            page.wait_for_url(f"{web.url}/projects/")
+        context = chromium.new_context(accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto(f"{web.url}/accounts/login/")
+        page.fill("input[name=username]", owner.username)
+        page.fill("input[name=password]", "pw-" + owner.username)
+        page.click("main button[type=submit]")
+        page.wait_for_url(f"{web.url}/projects/")
 
-            opened = []
-            for path in (f"/projects/{poly_project.id}/", f"/projects/{html_project.id}/", f"/jobs/{html_job.id}/", "/queue/"):
-                page.goto(web.url + path)
-                page.wait_for_load_state("networkidle")
-                assert page.title() != "PWNED", path
-                links = page.eval_on_selector_all("a[href*='/album/']", "links => links.map(a => a.href)")
-                for link in dict.fromkeys(links):
-                    try:
-                        page.goto(link)
-                        page.wait_for_timeout(300)
-                        title = page.title()
-                    except PlaywrightError:  # an attachment: the browser downloads it, renders nothing
-                        title = ""
-                    opened.append(link)
-                    assert title != "PWNED", link
-            browser.close()
+        opened = []
+        for path in (f"/projects/{poly_project.id}/", f"/projects/{html_project.id}/", f"/jobs/{html_job.id}/", "/queue/"):
+            page.goto(web.url + path)
+            page.wait_for_load_state("networkidle")
+            assert page.title() != "PWNED", path
+            links = page.eval_on_selector_all("a[href*='/album/']", "links => links.map(a => a.href)")
+            for link in dict.fromkeys(links):
+                try:
+                    page.goto(link)
+                    page.wait_for_timeout(300)
+                    title = page.title()
+                except PlaywrightError:  # an attachment: the browser downloads it, renders nothing
+                    title = ""
+                opened.append(link)
+                assert title != "PWNED", link
     finally:
         web.stop()
     assert len(opened) == 4  # the polyglot and the three stored rows, each opened from the album

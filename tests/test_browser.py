@@ -8,8 +8,6 @@ workers and the queue service in their own processes — in the embedded default
   its concurrency, clear failures through the confirmation.
 """
 
-import os
-
 import pytest
 from django.conf import settings
 
@@ -19,14 +17,6 @@ from tests.conftest import make_project, make_provider
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 MODES = [
     pytest.param("embedded", id="embedded"),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
@@ -53,17 +43,10 @@ def stack(request, tmp_path):
 
 
 @pytest.fixture
-def browser_page():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.set_default_timeout(30_000)
-        yield page
-        browser.close()
+def browser_page(chromium):
+    page = chromium.new_page()
+    page.set_default_timeout(30_000)
+    return page
 
 
 def log_in(page, base, user):

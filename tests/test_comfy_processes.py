@@ -10,17 +10,14 @@ from queue_app import services
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from tests import procs
 from tests.conftest import make_drafts, make_project
-from tests.fakes.comfyui import WORKFLOW, FakeComfyUI, Script
+from tests.fakes.comfyui import WORKFLOW, Script
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def fake(settings):
-    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
-    server = FakeComfyUI().start()
-    yield server
-    server.stop()
+def fake(fake_comfyui):
+    return fake_comfyui
 
 
 def test_killing_workers_and_queue_service_mid_prompt_completes_the_job_once(owner, fake, tmp_path):

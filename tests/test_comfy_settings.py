@@ -8,7 +8,7 @@ from comfy_app import services
 from comfy_app.models import ComfyInstance
 from queue_app.services import ServiceError
 from tests.conftest import make_project
-from tests.fakes.comfyui import WORKFLOW, FakeComfyUI
+from tests.fakes.comfyui import WORKFLOW
 
 pytestmark = pytest.mark.django_db
 
@@ -19,11 +19,8 @@ def comfy_project(owner):
 
 
 @pytest.fixture
-def fake(settings):
-    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
-    server = FakeComfyUI().start()
-    yield server
-    server.stop()
+def fake(fake_comfyui):
+    return fake_comfyui
 
 
 def test_the_owner_saves_settings_and_the_password_is_never_rendered(client, owner, comfy_project, fake):

@@ -3,12 +3,16 @@
 import logging
 
 import pytest
+import responses
 from django.db import connection
 
-from queue_app.models import Provider
-from tests.conftest import make_provider
+from queue_app.models import Job, Provider
+from tests.factories import make_provider
+from tests.fakes.dns import use_fake_dns
+from tests.fakes.provider_shapes import openai_error, openai_images
 
 SENTINEL = "sk-SENTINEL-4f2a9c7e1b3d5f60"
+OPENAI_IMAGES = "https://api.openai.com/v1/images/generations"
 
 pytestmark = pytest.mark.django_db
 
@@ -56,14 +60,36 @@ def test_the_provider_form_is_write_only_and_blank_keeps_the_key(client, owner, 
     assert keyed.name == "Renamed" and keyed.api_key == SENTINEL
 
 
-def test_the_key_never_reaches_the_logs(client, owner, keyed, caplog, inline_tasks):
+@pytest.mark.django_db(transaction=True)
+@responses.activate
+def test_the_key_never_reaches_the_logs(owner, keyed, caplog, inline_tasks, monkeypatch):
+    """The worker really runs both jobs against a fake OpenAI: one completes, the other is
+    refused with an answer that echoes the key (OpenAI's "Incorrect API key provided: …")."""
     from queue_app import services
-    from tests.conftest import make_drafts, make_project
+    from tests.conftest import statuses
+    from tests.factories import make_drafts, make_project
 
+    use_fake_dns(monkeypatch)
+    responses.add(responses.POST, OPENAI_IMAGES, json=openai_images())
+    responses.add(
+        responses.POST,
+        OPENAI_IMAGES,
+        status=401,
+        json=openai_error(f"Incorrect API key provided: {SENTINEL}.", code="invalid_api_key"),
+    )
     caplog.set_level(logging.DEBUG)
     project = make_project(owner, keyed, model="gpt-image-1")
-    make_drafts(project, 1)
+    jobs = make_drafts(project, 2)
     services.jobs_start(user=owner, project=project, all_drafts=True)
+    inline_tasks.run()
+
+    # an account problem: the job waits again and the provider is paused until someone looks
+    assert sorted(statuses(jobs)) == ["completed", "pending"]
+    assert [call.request.headers["Authorization"] for call in responses.calls] == [f"Bearer {SENTINEL}"] * 2
+    refused, provider = Job.objects.get(status="pending"), Provider.objects.get(id=keyed.id)
+    assert provider.paused and "Incorrect API key" in refused.error
+    assert SENTINEL not in refused.error and SENTINEL not in provider.paused_reason
+    assert any(r.name.startswith("queue_app") for r in caplog.records), "the task logged nothing: the next line proves nothing"
     assert SENTINEL not in caplog.text
 
 

@@ -182,7 +182,8 @@ def test_retry_failed_in_a_provider_scope(client, owner, queue, inline_tasks):
     assert response.status_code == 302
     assert Job.objects.get(id=failed.id).status == Status.FAILED  # other provider's queue: untouched
     client.post("/queue/failed/retry", {"scope": "provider", "provider": queue["fast"].id, "confirm": "1"})
-    assert Job.objects.get(id=failed.id).status != Status.FAILED
+    retried = Job.objects.get(id=failed.id)
+    assert (retried.status, retried.error, retried.attempts) == (Status.PENDING, "", 0)
 
 
 def test_foreign_scopes_and_providers_answer_404(client, outsider, queue):

@@ -14,8 +14,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import notifications
-from queue_app.models import PushOutbox
+from queue_app.models import PushOutbox, PushSubscription
+from queue_app.notifications import devices, outbox
 from tests.conftest import make_project
 from tests.fakes.push_service import Device, PushService
 
@@ -32,7 +32,7 @@ def push_service(settings):
 def subscribe(user, service, name="phone"):
     device = Device(service.endpoint(name))
     info = device.subscription_info()
-    return device, notifications.subscription_save(user=user, endpoint=info["endpoint"], **info["keys"])
+    return device, devices.subscription_save(user=user, endpoint=info["endpoint"], **info["keys"])
 
 
 def b64(data: bytes) -> str:
@@ -43,9 +43,9 @@ def test_a_key_that_is_not_a_p256_point_is_refused(owner, push_service):
     device = Device(push_service.endpoint("phone"))
     keys = device.subscription_info()["keys"]
     off_curve = b"\x04" + b"\x01" * 64  # the right length and prefix, on no curve
-    with pytest.raises(notifications.BadSubscription, match="not a P-256 public key"):
-        notifications.subscription_save(user=owner, endpoint=device.endpoint, p256dh=b64(off_curve), auth=keys["auth"])
-    assert not notifications.PushSubscription.objects.exists()
+    with pytest.raises(devices.BadSubscription, match="not a P-256 public key"):
+        devices.subscription_save(user=owner, endpoint=device.endpoint, p256dh=b64(off_curve), auth=keys["auth"])
+    assert not PushSubscription.objects.exists()
 
 
 def outbox_row(owner, subscription):
@@ -63,7 +63,7 @@ def test_a_429_with_retry_after_is_tried_again_when_the_push_service_said(owner,
     push_service.respond(device.endpoint, 429, {"Retry-After": retry_after} if retry_after else {})
     row = outbox_row(owner, subscription)
     before = timezone.now()
-    notifications.outbox_send_due()
+    outbox.outbox_send_due()
     row.refresh_from_db()
     assert row.outcome == "" and row.attempts == 1
     delay = (row.next_try_at - before).total_seconds()
@@ -77,9 +77,9 @@ def test_a_claim_lasts_as_long_as_a_send_can_and_no_longer(owner, push_service):
     _, subscription = subscribe(owner, push_service)
     row = outbox_row(owner, subscription)
     now = timezone.now()
-    send_limit = sum(notifications.SEND_TIMEOUT)
-    assert notifications.outbox_claim(now=now)[0] == [row.id]
+    send_limit = sum(outbox.SEND_TIMEOUT)
+    assert outbox.outbox_claim(now=now)[0] == [row.id]
     # A sender still inside its timeouts keeps the row...
-    assert notifications.outbox_claim(now=now + timedelta(seconds=send_limit))[0] == []
+    assert outbox.outbox_claim(now=now + timedelta(seconds=send_limit))[0] == []
     # ...and one killed mid-send leaves it to another sender soon after, not a minute later.
-    assert notifications.outbox_claim(now=now + timedelta(seconds=send_limit + 10))[0] == [row.id]
+    assert outbox.outbox_claim(now=now + timedelta(seconds=send_limit + 10))[0] == [row.id]

@@ -9,8 +9,10 @@ import pytest
 from django.utils import timezone
 from py_vapid import Vapid02
 
-from queue_app import notifications, services
+from queue_app import services
+from queue_app.engine import runs
 from queue_app.models import Job, ProjectEvent, ProjectRun, PushOutbox, PushSubscription, Status, VapidKeys
+from queue_app.notifications import devices, outbox, vapid
 from queue_app.providers import crypto
 from queue_app.service.loop import QueueService
 from tests.conftest import make_drafts, make_project, make_provider
@@ -30,7 +32,7 @@ def push_service(settings):
 def subscribe(user, service: PushService, name: str = "phone") -> Device:
     device = Device(service.endpoint(name))
     info = device.subscription_info()
-    notifications.subscription_save(user=user, endpoint=info["endpoint"], user_agent=f"{name} browser", **info["keys"])
+    devices.subscription_save(user=user, endpoint=info["endpoint"], user_agent=f"{name} browser", **info["keys"])
     return device
 
 
@@ -66,11 +68,11 @@ def test_a_finished_project_sends_one_notification_per_device_with_its_counts(
     jobs = run_jobs(owner, project, inline_tasks, ok=ok, failed=failed)
     assert Job.objects.filter(id__in=[j.id for j in jobs], status__in=[Status.COMPLETED, Status.FAILED]).count() == ok + failed
 
-    assert notifications.step() == 0, "nothing is sent before the settle delay"
+    assert outbox.step() == 0, "nothing is sent before the settle delay"
     assert push_service.received() == []
 
-    notifications.step(now=later())
-    notifications.step(now=later(8))
+    outbox.step(now=later())
+    outbox.step(now=later(8))
     for device in (phone, laptop):
         [message] = device.messages(push_service)
         assert message["title"] == "Project is done"
@@ -88,22 +90,22 @@ def test_a_burst_of_completions_gives_one_notification_and_each_later_finish_its
     phone = subscribe(owner, push_service)
     first, second, third = make_drafts(project, 3)
     services.jobs_start(user=owner, project=project, job_ids=[first.id, second.id])
-    assert notifications.step(now=later()) == 0, "work is pending: no finish"
+    assert outbox.step(now=later()) == 0, "work is pending: no finish"
     inline_tasks.run()
     # The first two finished long ago; a third job starts and finishes just now, inside
     # the settle window of the others: still one run, one notification.
     Job.objects.filter(id__in=[first.id, second.id]).update(finished_at=timezone.now() - timedelta(seconds=60))
     services.jobs_start(user=owner, project=project, job_ids=[third.id])
     inline_tasks.run()
-    assert notifications.step(now=later(3)) == 0, "the last completion has not settled"
-    notifications.step(now=later())
-    notifications.step(now=later(10))
+    assert outbox.step(now=later(3)) == 0, "the last completion has not settled"
+    outbox.step(now=later())
+    outbox.step(now=later(10))
     assert [m["body"] for m in phone.messages(push_service)] == ["All 3 jobs finished."]
 
     # The project finishes again later: a new run, a new notification, with only its own jobs.
     run_jobs(owner, project, inline_tasks, ok=1)
-    notifications.step(now=later(20))
-    notifications.step(now=later(30))
+    outbox.step(now=later(20))
+    outbox.step(now=later(30))
     assert [m["body"] for m in phone.messages(push_service)] == ["All 3 jobs finished.", "1 job finished."]
     assert ProjectRun.objects.filter(project=project, closed_at__isnull=False).count() == 2
 
@@ -115,18 +117,18 @@ def test_a_retried_job_counts_once_in_the_run_that_ran_it(owner, inline_tasks, p
     [job] = make_drafts(project, 1)
     services.jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
-    notifications.step(now=later())
+    outbox.step(now=later())
     flaky.options = {"latency_ms": 0}
     flaky.save()
     services.jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
-    notifications.step(now=later(20))
+    outbox.step(now=later(20))
     assert [m["body"] for m in phone.messages(push_service)] == ["1 job failed.", "1 job finished."]
 
 
 def test_the_finish_is_a_live_event_even_without_devices(owner, project, inline_tasks, push_service):
     run_jobs(owner, project, inline_tasks, ok=2)
-    notifications.step(now=later())
+    outbox.step(now=later())
     [event] = ProjectEvent.objects.filter(project=project, kind="project.finished")
     assert event.payload["title"] == "Project is done" and event.payload["body"] == "All 2 jobs finished."
     assert event.seq == ProjectEvent.objects.filter(project=project).order_by("-seq").first().seq
@@ -138,7 +140,7 @@ def test_a_run_whose_failures_are_cleared_before_it_settles_closes_silently(owne
     run_jobs(owner, project, inline_tasks, failed=2)
     assert ProjectRun.objects.get(project=project).closed_at is None
     assert services.failed_jobs_clear(user=owner, project_id=project.id)["cleared"] == 2
-    notifications.step(now=later())
+    outbox.step(now=later())
     assert ProjectRun.objects.get(project=project).closed_at is not None
     assert phone.messages(push_service) == [] and not ProjectEvent.objects.filter(kind="project.finished").exists()
 
@@ -148,12 +150,12 @@ def test_work_without_an_open_run_gets_one_from_the_safety_net(owner, project, i
     jobs = make_drafts(project, 2)
     services.jobs_start(user=owner, project=project, all_drafts=True)
     ProjectRun.objects.all().delete()  # as if the jobs were started before this feature existed
-    assert notifications.runs_open_missing() == 1
-    assert notifications.runs_open_missing() == 0
+    assert runs.runs_open_missing() == 1
+    assert runs.runs_open_missing() == 0
     run = ProjectRun.objects.get(closed_at__isnull=True)
     assert run.opened_at == min(Job.objects.filter(id__in=[j.id for j in jobs]).values_list("queued_at", flat=True))
     inline_tasks.run()
-    notifications.step(now=later())
+    outbox.step(now=later())
     assert [m["body"] for m in phone.messages(push_service)] == ["All 2 jobs finished."]
 
 
@@ -161,7 +163,7 @@ def test_a_gone_subscription_410_is_deleted_and_other_devices_still_get_theirs(o
     phone, old_tablet = subscribe(owner, push_service, "phone"), subscribe(owner, push_service, "tablet")
     push_service.respond(old_tablet.endpoint, 410)
     run_jobs(owner, project, inline_tasks, ok=1)
-    notifications.step(now=later())
+    outbox.step(now=later())
     assert len(push_service.received(old_tablet.endpoint)) == 1
     assert list(PushSubscription.objects.values_list("endpoint", flat=True)) == [phone.endpoint]
     assert [m["body"] for m in phone.messages(push_service)] == ["1 job finished."]
@@ -172,14 +174,14 @@ def test_other_errors_are_retried_and_logged_without_the_endpoint_secret(owner, 
     push_service.respond(phone.endpoint, 500)
     run_jobs(owner, project, inline_tasks, ok=1)
     with caplog.at_level(logging.INFO, logger="queue_app.notifications"):
-        notifications.step(now=later())
+        outbox.step(now=later())
     row = PushOutbox.objects.get()
     assert row.outcome == "" and row.attempts == 1 and row.next_try_at > later()
     secret = phone.endpoint.rsplit("/", 1)[1]
     assert "HTTP 500" in caplog.text and "127.0.0.1" in caplog.text and secret not in caplog.text
 
     push_service.respond(phone.endpoint, 201)
-    notifications.step(now=later(60))
+    outbox.step(now=later(60))
     assert [m["body"] for m in phone.messages(push_service)] == ["1 job finished."]
     assert PushOutbox.objects.get().outcome == "sent"
 
@@ -219,7 +221,7 @@ def test_a_restart_between_the_finish_and_the_send_still_sends_once(owner, proje
     phone = subscribe(owner, push_service)
     run_jobs(owner, project, inline_tasks, ok=2)
     # The first service records the finish and dies before sending.
-    assert notifications.runs_close_settled(now=later()) == 1
+    assert runs.runs_close_settled(now=later()) == 1
     assert push_service.received() == [] and PushOutbox.objects.get().outcome == ""
     # A fresh service (new process) picks the recorded finish up, once.
     restarted = QueueService()
@@ -235,11 +237,11 @@ def test_a_restart_between_the_finish_and_the_send_still_sends_once(owner, proje
 def test_a_sender_that_died_mid_send_leaves_the_row_to_another_after_its_claim(owner, project, inline_tasks, push_service):
     phone = subscribe(owner, push_service)
     run_jobs(owner, project, inline_tasks, ok=1)
-    notifications.runs_close_settled(now=later())
-    ids, _ = notifications.outbox_claim(now=later())
+    runs.runs_close_settled(now=later())
+    ids, _ = outbox.outbox_claim(now=later())
     assert ids  # claimed, then the process died
-    assert notifications.outbox_send_due(now=later(10)) == 0, "the claim still holds"
-    notifications.outbox_send_due(now=later(6 + notifications.SEND_CLAIM_SECONDS + 1))
+    assert outbox.outbox_send_due(now=later(10)) == 0, "the claim still holds"
+    outbox.outbox_send_due(now=later(6 + outbox.SEND_CLAIM_SECONDS + 1))
     assert len(phone.messages(push_service)) == 1
 
 
@@ -266,23 +268,23 @@ def test_the_queue_service_step_does_not_wait_for_a_slow_push_service(owner, pro
 def test_the_push_is_signed_with_our_vapid_key_and_asks_the_service_to_keep_it(owner, project, inline_tasks, push_service):
     subscribe(owner, push_service)
     run_jobs(owner, project, inline_tasks, ok=1)
-    notifications.step(now=later())
+    outbox.step(now=later())
     [push] = push_service.received()
-    public, _ = notifications.vapid_keys()
+    public, _ = vapid.vapid_keys()
     assert push.headers["authorization"].startswith("vapid t=")
     assert f"k={public}" in push.headers["authorization"]
     assert Vapid02.verify(push.headers["authorization"]) is True
-    assert push.headers["ttl"] == str(notifications.TTL_SECONDS)
+    assert push.headers["ttl"] == str(outbox.TTL_SECONDS)
     assert push.headers["topic"] == f"project-{project.id}"
 
 
 def test_vapid_keys_are_generated_once_and_the_private_key_is_stored_encrypted(db):
-    public, private = notifications.vapid_keys()
-    assert notifications.vapid_keys() == (public, private)
+    public, private = vapid.vapid_keys()
+    assert vapid.vapid_keys() == (public, private)
     row = VapidKeys.objects.get()
     assert row.public_key == public
     assert private not in row.private_key_encrypted and crypto.decrypt(row.private_key_encrypted) == private
-    assert notifications._public_of(Vapid02.from_string(private)) == public
+    assert vapid._public_of(Vapid02.from_string(private)) == public
 
 
 def test_concurrent_first_starts_converge_on_one_key_pair(db):
@@ -293,7 +295,7 @@ def test_concurrent_first_starts_converge_on_one_key_pair(db):
 
         try:
             start.wait()
-            pairs.append(notifications.vapid_keys())
+            pairs.append(vapid.vapid_keys())
         finally:
             connection.close()
 
@@ -307,11 +309,11 @@ def test_concurrent_first_starts_converge_on_one_key_pair(db):
 
 
 def test_vapid_keys_from_the_environment_win_and_nothing_is_stored(db, settings):
-    vapid = Vapid02()
-    vapid.generate_keys()
-    settings.VAPID_PRIVATE_KEY = notifications._private_raw(vapid)
-    settings.VAPID_PUBLIC_KEY = notifications._public_of(vapid)
-    assert notifications.vapid_keys() == (settings.VAPID_PUBLIC_KEY, settings.VAPID_PRIVATE_KEY)
+    fresh = Vapid02()
+    fresh.generate_keys()
+    settings.VAPID_PRIVATE_KEY = vapid._private_raw(fresh)
+    settings.VAPID_PUBLIC_KEY = vapid._public_of(fresh)
+    assert vapid.vapid_keys() == (settings.VAPID_PUBLIC_KEY, settings.VAPID_PRIVATE_KEY)
     assert VapidKeys.objects.count() == 0
 
 
@@ -319,7 +321,7 @@ def test_a_stored_endpoint_that_became_unsafe_is_never_called(owner, project, in
     phone = subscribe(owner, push_service)
     settings.OUTBOUND_ALLOWLIST = []  # loopback is private again
     run_jobs(owner, project, inline_tasks, ok=1)
-    notifications.step(now=later())
+    outbox.step(now=later())
     assert push_service.received() == [] and PushOutbox.objects.get().outcome == "failed"
     assert PushSubscription.objects.filter(endpoint=phone.endpoint).exists()
 
@@ -331,6 +333,6 @@ def test_a_stored_endpoint_that_became_unsafe_is_never_called(owner, project, in
 def test_subscribing_refuses_endpoints_the_outbound_guard_refuses(owner, endpoint, settings):
     settings.OUTBOUND_ALLOWLIST = []
     keys = Device("https://example.invalid/x").subscription_info()["keys"]
-    with pytest.raises(notifications.BadSubscription):
-        notifications.subscription_save(user=owner, endpoint=endpoint, **keys)
+    with pytest.raises(devices.BadSubscription):
+        devices.subscription_save(user=owner, endpoint=endpoint, **keys)
     assert PushSubscription.objects.count() == 0

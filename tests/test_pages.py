@@ -57,7 +57,10 @@ def test_retry_selected_failures(signed_in, project, inline_tasks):
     jobs = make_drafts(project, 2)
     Job.objects.filter(id__in=[j.id for j in jobs]).update(status=Status.FAILED, error="boom")
     signed_in.post(f"/projects/{project.id}/retry", {"job": [str(jobs[0].id)]})
-    assert Job.objects.get(id=jobs[0].id).status != Status.FAILED
+    retried = Job.objects.get(id=jobs[0].id)
+    # started again at once: claimed, its error cleared, its execution handed to a worker
+    assert (retried.status, retried.error) == (Status.PROCESSING, "")
+    assert [job_id for job_id, _ in inline_tasks.executions()] == [str(retried.id)]
     assert Job.objects.get(id=jobs[1].id).status == Status.FAILED
 
 

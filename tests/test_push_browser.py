@@ -7,26 +7,18 @@ service; everything else is the browser's own: permission, service worker, page 
 """
 
 import json
-import os
 import time
 
 import pytest
 from django.db import connections
 
-from queue_app import notifications
 from queue_app.models import PushSubscription
+from queue_app.notifications import devices, vapid
 from tests import procs
 from tests.fakes.push_service import Device, PushService
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 FAKE_PUSH_MANAGER = """
 (() => {
@@ -45,20 +37,6 @@ FAKE_PUSH_MANAGER = """
   PushManager.prototype.getSubscription = function () { return Promise.resolve(current); };
 })();
 """
-
-
-@pytest.fixture
-def chromium():
-    if not os.path.exists("/usr/bin/chromium"):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.fixture
@@ -98,8 +76,8 @@ def test_the_preferences_page_subscribes_this_browser_with_a_registered_service_
         subscription = PushSubscription.objects.get()
         assert subscription.user == owner and subscription.endpoint == device.endpoint
         assert "Chrome" in subscription.user_agent
-        public, _ = notifications.vapid_keys()
-        assert bytes(page.evaluate("window.__subscribeKey")) == notifications._b64decode(public)
+        public, _ = vapid.vapid_keys()
+        assert bytes(page.evaluate("window.__subscribeKey")) == devices._b64decode(public)
 
         # The test button sends through the push service to this browser's subscription.
         page.click("#push-test")

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from queue_app import notifications, services
+from queue_app import services
 from queue_app.models import Job, ProjectRun, Status
+from queue_app.notifications import devices
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.push_service import Device, PushService
@@ -26,7 +27,7 @@ def push_service(settings):
 def subscribe(user, service, name="phone") -> Device:
     device = Device(service.endpoint(name))
     info = device.subscription_info()
-    notifications.subscription_save(user=user, endpoint=info["endpoint"], **info["keys"])
+    devices.subscription_save(user=user, endpoint=info["endpoint"], **info["keys"])
     return device
 
 

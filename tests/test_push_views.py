@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from queue_app import notifications
 from queue_app.models import PushSubscription
+from queue_app.notifications import devices, vapid
 from tests.fakes.push_service import Device, PushService
 
 pytestmark = pytest.mark.django_db
@@ -27,7 +27,7 @@ def test_the_preferences_page_needs_a_login_and_offers_the_switch(client, owner)
     assert client.get("/account/preferences/").status_code == 302
     client.force_login(owner)
     page = client.get("/account/preferences/").content.decode()
-    public, _ = notifications.vapid_keys()
+    public, _ = vapid.vapid_keys()
     assert 'id="push-on"' in page and 'id="push-test"' in page and public in page
     assert "installed web app" in page and "secure connection" in page
 
@@ -82,8 +82,8 @@ def test_subscribe_refuses_bad_subscriptions(client, owner, push_service, mutate
 
 
 def test_unsubscribe_removes_only_the_users_own_browser(client, owner, outsider, push_service):
-    mine = notifications.subscription_save(user=owner, **_flat(Device(push_service.endpoint("mine"))))
-    theirs = notifications.subscription_save(user=outsider, **_flat(Device(push_service.endpoint("theirs"))))
+    mine = devices.subscription_save(user=owner, **_flat(Device(push_service.endpoint("mine"))))
+    theirs = devices.subscription_save(user=outsider, **_flat(Device(push_service.endpoint("theirs"))))
     client.force_login(owner)
     assert post_json(client, "/push/unsubscribe", {"endpoint": theirs.endpoint}).json()["deleted"] == 0
     client.post("/push/unsubscribe", {"id": theirs.id})
@@ -93,7 +93,7 @@ def test_unsubscribe_removes_only_the_users_own_browser(client, owner, outsider,
 
 
 def test_the_device_list_removes_a_device(client, owner, push_service):
-    mine = notifications.subscription_save(user=owner, **_flat(Device(push_service.endpoint("old"))))
+    mine = devices.subscription_save(user=owner, **_flat(Device(push_service.endpoint("old"))))
     client.force_login(owner)
     answer = client.post("/push/unsubscribe", {"id": mine.id})
     assert answer.status_code == 302 and answer["location"] == "/account/preferences/"
@@ -103,7 +103,7 @@ def test_the_device_list_removes_a_device(client, owner, push_service):
 def test_the_test_notification_reaches_this_browser_only(client, owner, push_service):
     phone, laptop = Device(push_service.endpoint("phone")), Device(push_service.endpoint("laptop"))
     for device in (phone, laptop):
-        notifications.subscription_save(user=owner, **_flat(device))
+        devices.subscription_save(user=owner, **_flat(device))
     client.force_login(owner)
     answer = post_json(client, "/push/test", {"endpoint": phone.endpoint})
     assert answer.json() == {"ok": True, "outcome": "sent"}
@@ -115,7 +115,7 @@ def test_the_test_notification_reaches_this_browser_only(client, owner, push_ser
 
 def test_a_test_notification_to_a_gone_browser_forgets_it(client, owner, push_service):
     phone = Device(push_service.endpoint("phone"))
-    notifications.subscription_save(user=owner, **_flat(phone))
+    devices.subscription_save(user=owner, **_flat(phone))
     push_service.respond(phone.endpoint, 410)
     client.force_login(owner)
     answer = post_json(client, "/push/test", {"endpoint": phone.endpoint})
@@ -125,7 +125,7 @@ def test_a_test_notification_to_a_gone_browser_forgets_it(client, owner, push_se
 
 def test_the_test_notification_refuses_another_users_browser(client, owner, outsider, push_service):
     theirs = Device(push_service.endpoint("theirs"))
-    notifications.subscription_save(user=outsider, **_flat(theirs))
+    devices.subscription_save(user=outsider, **_flat(theirs))
     client.force_login(owner)
     assert post_json(client, "/push/test", {"endpoint": theirs.endpoint}).status_code == 404
     assert push_service.received() == []

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from queue_app import services
 from queue_app.engine import outputs
-from queue_app.models import AlbumItem, Job, Status
+from queue_app.models import AlbumItem, Job, Provider, Status
 from queue_app.providers import net
 from queue_app.providers.base import Output, PermanentError
 from queue_app.web import tokens
@@ -426,6 +426,17 @@ def test_a_redirect_to_a_private_address_is_refused(target, settings):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_admin_provider_form_checks_the_base_url_like_the_provider_page(staff, settings):
+    settings.OUTBOUND_ALLOWLIST = []
+    client = Client()
+    client.force_login(staff)
+    fields = {"owner": staff.id, "name": "Sneaky", "family": "openai", "options": "{}", "model_aliases": "{}"}
+    fields.update(concurrency=1, max_attempts=2, base_url="https://169.254.169.254/v1")
+    response = client.post("/admin/queue_app/provider/add/", fields)
+    assert response.status_code == 200 and b"address not allowed" in response.content
+    assert not Provider.objects.filter(name="Sneaky").exists()
 
 
 def test_provider_base_urls_go_through_the_guard(owner, inline_tasks, settings):

@@ -103,3 +103,17 @@ def test_the_number_of_queries_does_not_grow_with_jobs(owner, fixture):
         status = queue_status(user=owner, breakdown="all")
     assert len(small) == len(large) <= 5
     assert status["totals"]["pending"] == 507
+
+
+@pytest.mark.parametrize("minutes_later", [0, 5])  # 5: the heartbeats are stale, nothing is alive
+@pytest.mark.parametrize("state", ["waiting", "queued", "running", "detached", "stalled"])
+def test_every_filter_state_counts_what_its_rows_say(owner, fixture, state, minutes_later):
+    # The SQL side of a derived state (the filter) and its Python side (each row's state,
+    # the totals' grouping) are written beside each other in queue_app/states.py: here they agree.
+    from queue_app.selectors import jobs_page
+
+    now = fixture["now"] + timedelta(minutes=minutes_later)
+    page = jobs_page(user=owner, state=state, now=now, per_page=200)
+    assert {row["state"] for row in page["jobs"]} <= {state}
+    assert page["total"] == len(page["jobs"]) == queue_status(user=owner, now=now)["totals"][state]
+    assert all(bool(row["waiting_reason"]) == (state in ("waiting", "stalled")) for row in page["jobs"])

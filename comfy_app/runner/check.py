@@ -177,7 +177,7 @@ def _resume_stale(runs: list, now) -> None:
                 continue
             token = lease_reissue(job.id, job.lease_token, hold=timedelta(seconds=settings.CLAIM_TTL_SECONDS))
             if token:
-                enqueue.enqueue_task("comfy_app.tasks.submit_job", str(job.id), str(token))
+                enqueue.enqueue_task("comfy_app.tasks.submit_prompt", str(job.id), str(token))
         elif run.phase == Phase.COLLECTING:
             hand_out_collection(job.id, job.lease_token)
 

@@ -75,7 +75,7 @@ def claim_pending(project_id: int) -> list[tuple]:
             if not job.task_id:  # a retry that kept its prompt id keeps graph and nonce to find it again
                 fields.update(nonce="", graph=None, posted_at=None)
             ComfyRun.objects.update_or_create(job_id=job.id, defaults=fields)
-            enqueue.enqueue_task("comfy_app.tasks.submit_job", str(job.id), str(token))
+            enqueue.enqueue_task("comfy_app.tasks.submit_prompt", str(job.id), str(token))
             claimed.append((job.id, token))
     return claimed
 

@@ -63,7 +63,7 @@ def hand_out_collection(job_id, token) -> bool:
     new_token = lease_reissue(job_id, token, hold=COLLECT_CLAIM)
     if new_token is None:
         return False
-    enqueue.enqueue_task("comfy_app.tasks.collect_job", str(job_id), str(new_token))
+    enqueue.enqueue_task("comfy_app.tasks.collect_prompt", str(job_id), str(new_token))
     return True
 
 

@@ -23,8 +23,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app import notifications
-from queue_app.engine import events
+from queue_app.engine import events, runs
 from queue_app.engine.attempts import attempts_cancel
 from queue_app.engine.leases import lease_expiry
 from queue_app.models import ErrorClass, Job, Status
@@ -61,8 +60,8 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
         ids = [row[0] for row in rows]
         now = timezone.now()
         # Open (or note the start on) the project's run before the events are emitted: the
-        # lock order notifications.run_close uses too. queued_at == the run's opened_at.
-        notifications.runs_touch(project_ids={row[1] for row in rows}, at=now)
+        # lock order runs.run_close uses too. queued_at == the run's opened_at.
+        runs.runs_touch(project_ids={row[1] for row in rows}, at=now)
         Job.objects.filter(id__in=ids, status__in=allowed).update(
             status=Status.PENDING,
             error="",

@@ -15,8 +15,8 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_POST
 
-from queue_app import notifications
 from queue_app.models import PushSubscription
+from queue_app.notifications import devices, outbox, vapid
 
 
 def _json_body(request) -> dict:
@@ -29,18 +29,18 @@ def _json_body(request) -> dict:
 
 @login_required
 def preferences(request):
-    public_key, _ = notifications.vapid_keys()
-    devices = [
+    public_key, _ = vapid.vapid_keys()
+    rows = [
         {
             "id": sub.id,
-            "service": notifications.endpoint_host(sub.endpoint),
+            "service": outbox.endpoint_host(sub.endpoint),
             "user_agent": sub.user_agent,
             "created_at": sub.created_at,
             "last_used_at": sub.last_used_at,
         }
         for sub in PushSubscription.objects.filter(user=request.user)
     ]
-    return render(request, "account/preferences.html", {"vapid_public_key": public_key, "devices": devices})
+    return render(request, "account/preferences.html", {"vapid_public_key": public_key, "devices": rows})
 
 
 @login_required
@@ -49,14 +49,14 @@ def push_subscribe(request):
     body = _json_body(request)
     keys = body.get("keys") if isinstance(body.get("keys"), dict) else {}
     try:
-        subscription = notifications.subscription_save(
+        subscription = devices.subscription_save(
             user=request.user,
             endpoint=body.get("endpoint") or "",
             p256dh=str(keys.get("p256dh") or ""),
             auth=str(keys.get("auth") or ""),
             user_agent=request.headers.get("user-agent", ""),
         )
-    except notifications.BadSubscription as error:
+    except devices.BadSubscription as error:
         return JsonResponse({"ok": False, "error": str(error)}, status=400)
     return JsonResponse({"ok": True, "id": subscription.id})
 
@@ -66,13 +66,13 @@ def push_subscribe(request):
 def push_unsubscribe(request):
     """JSON {endpoint} from the page's switch, or a form's `id` from the device list."""
     if request.content_type == "application/json":
-        deleted = notifications.subscription_delete(user=request.user, endpoint=str(_json_body(request).get("endpoint") or ""))
+        deleted = devices.subscription_delete(user=request.user, endpoint=str(_json_body(request).get("endpoint") or ""))
         return JsonResponse({"ok": True, "deleted": deleted})
     try:
         subscription_id = int(request.POST.get("id", ""))
     except ValueError:
         subscription_id = -1
-    if notifications.subscription_delete(user=request.user, subscription_id=subscription_id):
+    if devices.subscription_delete(user=request.user, subscription_id=subscription_id):
         messages.success(request, "Notifications are off for that device.")
     return redirect("account_preferences")
 
@@ -92,7 +92,7 @@ def push_test(request):
     subscription = PushSubscription.objects.filter(user=request.user, endpoint=endpoint).first() if endpoint else None
     if subscription is None:
         return JsonResponse({"ok": False, "error": "this browser is not subscribed"}, status=404)
-    outcome = notifications.test_send(subscription=subscription)
+    outcome = devices.test_send(subscription=subscription)
     return JsonResponse({"ok": outcome == "sent", "outcome": outcome}, status=200 if outcome == "sent" else 502)
 
 

@@ -25,9 +25,9 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from queue_app import notifications
 from queue_app.engine import dispatch, heartbeats, runners
 from queue_app.models import Heartbeat, ProjectEvent
+from queue_app.notifications import outbox
 from queue_app.service import poller, recovery
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class QueueService:
         self.last_run: dict[str, float] = {}
         self.stopping = False
         self.poller: poller.Poller | None = None
-        self.push_sender: notifications.Sender | None = None
+        self.push_sender: outbox.Sender | None = None
 
     def due(self, step: str, every: float) -> bool:
         now = time.monotonic()
@@ -85,8 +85,8 @@ class QueueService:
     def step_notify(self, now=None) -> bool:
         # Pushes are sent on the sender's own threads; this step only starts them.
         if self.push_sender is None:
-            self.push_sender = notifications.Sender()
-        return notifications.step(now=now, sender=self.push_sender) > 0
+            self.push_sender = outbox.Sender()
+        return outbox.step(now=now, sender=self.push_sender) > 0
 
     def tick(self) -> bool:
         """One pass over the steps that are due. Returns whether anything happened."""

@@ -46,8 +46,7 @@ from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, Status
-from queue_app.providers import adapter_for
-from queue_app.providers import poll_seconds as family_poll_seconds
+from queue_app.providers import adapter_for, poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
 
 log = logging.getLogger(__name__)
@@ -65,10 +64,6 @@ COLLECT_CLAIM_SECONDS = settings.CLAIM_TTL_SECONDS
 POLL_REFUSALS_TO_FAIL = 3
 # What the attempt log names the poller's own records by.
 WORKER = "poller"
-
-
-def poll_seconds(family: str) -> float:
-    return family_poll_seconds(family)
 
 
 def claim_due(

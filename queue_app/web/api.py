@@ -96,8 +96,7 @@ MAX_ID = 2**63 - 1
 def visible_project(user, project_id) -> Project:
     if isinstance(project_id, bool) or not isinstance(project_id, int) or not 1 <= project_id <= MAX_ID:
         raise services.ServiceError("project not found", 404)
-    projects = Project.objects.all() if user.is_staff else Project.objects.filter(owner=user)
-    project = projects.filter(id=project_id).first()
+    project = selectors.visible_to(user, Project).filter(id=project_id).first()
     if project is None:
         raise services.ServiceError("project not found", 404)
     return project
@@ -156,7 +155,8 @@ def queue_status_view(request, body):
     return answer(selectors.queue_status(user=request.user, breakdown=breakdown, limit=limit))
 
 
-def failed_action(user, body, *, action: str) -> dict:
+def act_on_failed(user, body, *, action: str) -> dict:
+    """A clear or retry request of the API or MCP (a dry run only counts)."""
     scope = failed_scope_args(user, body)
     if body.get("dry_run"):
         count = services.failed_scope(user=user, **scope).count()
@@ -170,18 +170,18 @@ def failed_action(user, body, *, action: str) -> dict:
 
 @endpoint("POST")
 def clear_failed_view(request, body):
-    return answer(failed_action(request.user, body, action="clear"))
+    return answer(act_on_failed(request.user, body, action="clear"))
 
 
 @endpoint("POST")
 def retry_failed_view(request, body):
-    return answer(failed_action(request.user, body, action="retry"))
+    return answer(act_on_failed(request.user, body, action="retry"))
 
 
 # --- Projects and jobs ------------------------------------------------------------------
 
 
-def draft_settings(body) -> dict:
+def settings_from_body(body) -> dict:
     values = dict(body.get("settings") or {}) if isinstance(body.get("settings"), dict) else {}
     if body.get("settings") is not None and not isinstance(body.get("settings"), dict):
         raise services.ServiceError("settings must be an object")
@@ -213,7 +213,7 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
         prompt=body.get("prompt") if isinstance(body.get("prompt"), str) else "",
         quantity=quantity,
         provider=provider,
-        settings_=draft_settings(body),
+        settings_=settings_from_body(body),
         per_line=per_line,
     )
     return {"project_id": project.id, "count": len(jobs), "jobs": [{"id": str(j.id), "status": j.status} for j in jobs]}, 201

@@ -140,11 +140,11 @@ def tool_get_queue_status(user, args: dict) -> dict:
 
 
 def tool_clear_failed_jobs(user, args: dict) -> dict:
-    return api.failed_action(user, args, action="clear")
+    return api.act_on_failed(user, args, action="clear")
 
 
 def tool_retry_failed_jobs(user, args: dict) -> dict:
-    return api.failed_action(user, args, action="retry")
+    return api.act_on_failed(user, args, action="retry")
 
 
 def tool_create_drafts(user, args: dict) -> dict:

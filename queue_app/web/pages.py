@@ -13,9 +13,10 @@ from django.views.decorators.http import require_POST
 from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
-from queue_app.providers import crypto, net
+from queue_app.providers import crypto
 from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files, tokens
+from queue_app.web.base_url import CleansBaseUrl
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
@@ -26,8 +27,7 @@ def own(model, user, **lookup):
     """An object the user owns, or 404 — staff see everyone's."""
     if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
         raise Http404("not found")  # an id no database column can hold
-    queryset = model.objects.all() if user.is_staff else model.objects.filter(owner=user)
-    return get_object_or_404(queryset, **lookup)
+    return get_object_or_404(selectors.visible_to(user, model), **lookup)
 
 
 @login_required
@@ -198,21 +198,12 @@ def provider_list(request):
     return render(request, "queue_app/provider_list.html", {"providers": providers, "families": Family.choices})
 
 
-class ProviderEditForm(forms.ModelForm):
+class ProviderEditForm(CleansBaseUrl, forms.ModelForm):
     api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False))
 
     class Meta:
         model = Provider
         fields = ["name", "family", "base_url", "concurrency", "max_attempts", "paused"]
-
-    def clean_base_url(self):
-        url = self.cleaned_data.get("base_url")
-        if url:
-            try:
-                return net.validate_base_url(url)
-            except ValueError as error:
-                raise forms.ValidationError(str(error)) from None
-        return url
 
 
 @login_required

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from queue_app import selectors
 from queue_app.engine import events
 from queue_app.models import Project, ProjectEvent
 from queue_app.web.live import relay
@@ -35,10 +36,7 @@ REFUSED = 4403
 def can_subscribe(user, project_id: int) -> bool:
     if not user or not user.is_authenticated:
         return False
-    projects = Project.objects.filter(id=project_id)
-    if not user.is_staff:
-        projects = projects.filter(owner=user)
-    return projects.exists()
+    return selectors.visible_to(user, Project).filter(id=project_id).exists()
 
 
 def missed_events(project_id: int, after: int, upto: int) -> list[dict] | None:
