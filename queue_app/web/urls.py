@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, mcp, monitor, pages
+from queue_app.web import api, mcp, monitor, openapi, pages
 
 urlpatterns = [
     # pages
@@ -32,6 +32,9 @@ urlpatterns = [
     path("api/projects/<int:project_id>/jobs", api.project_jobs_view, name="api_project_jobs"),
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
     path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
+    path("api/openapi.json", openapi.openapi_view, name="api_openapi"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),
+    path(".well-known/oauth-protected-resource", mcp.protected_resource_metadata, name="mcp_resource_metadata"),
+    path(".well-known/oauth-protected-resource/mcp", mcp.protected_resource_metadata),
 ]
