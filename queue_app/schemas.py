@@ -80,8 +80,8 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _option(values: list[str], description: str):
-    return Annotated[Literal[tuple(values)], Field(description=description)]  # type: ignore[valid-type]
+def _option(values: list[str]):
+    return Literal[tuple(values)]  # type: ignore[valid-type]
 
 
 # --- Queue ------------------------------------------------------------------------------
@@ -136,11 +136,13 @@ class DraftOptions(Schema):
         description="model id (default: the project's). Catalogue models: " + ", ".join(MODELS) + "; a provider's custom "
         "alias is accepted too.",
     )
-    aspect_ratio: _option(ASPECT_RATIOS, "requested aspect ratio or size; mapped to the closest the model offers") | None = None
-    quality: _option(QUALITIES, "requested quality; mapped to what the model offers") | None = None
-    resolution: _option(RESOLUTIONS, "requested resolution; mapped to what the model offers") | None = None
-    format: _option(FORMATS, "output file format") | None = None
-    background: _option(BACKGROUNDS, "image background (models that offer one)") | None = None
+    aspect_ratio: _option(ASPECT_RATIOS) | None = Field(
+        None, description="requested aspect ratio or size; mapped to the closest the model offers"
+    )
+    quality: _option(QUALITIES) | None = Field(None, description="requested quality; mapped to what the model offers")
+    resolution: _option(RESOLUTIONS) | None = Field(None, description="requested resolution; mapped to what the model offers")
+    format: _option(FORMATS) | None = Field(None, description="output file format")
+    background: _option(BACKGROUNDS) | None = Field(None, description="image background (models that offer one)")
     sound: StrictStr | None = Field(None, max_length=limits.OPTION_CHARS, description="video sound: on or off")
     duration: StrictInt | None = Field(
         None, ge=limits.DURATION.low, le=limits.DURATION.high, description="video length in seconds; mapped to the model's"
@@ -179,7 +181,11 @@ class CreateDrafts(DraftOptions):
 
 class CreateDraftsArgs(CreateDrafts):
     project_id: ProjectId
-    idempotency_key: IdempotencyKey | None = None
+    idempotency_key: IdempotencyKey | None = Field(
+        None,
+        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
+        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
+    )
 
 
 class DraftRow(Output):
@@ -219,7 +225,11 @@ class StartJobs(Schema):
 
 class StartJobsArgs(StartJobs):
     project_id: ProjectId
-    idempotency_key: IdempotencyKey | None = None
+    idempotency_key: IdempotencyKey | None = Field(
+        None,
+        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
+        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
+    )
 
 
 class JobsStarted(Output):
@@ -335,7 +345,7 @@ PageLimit = Annotated[StrictInt, Field(ge=1, le=limits.PAGE_SIZE, description="i
 
 
 class ListArgs(Schema):
-    cursor: Cursor | None = None
+    cursor: Cursor | None = Field(None, description="nextCursor of the previous page; omit for the first page")
     limit: PageLimit = 50
 
 
@@ -367,7 +377,11 @@ class JobArgs(Schema):
 
 
 class RetryJobsArgs(RetryJobs):
-    idempotency_key: IdempotencyKey | None = None
+    idempotency_key: IdempotencyKey | None = Field(
+        None,
+        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
+        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
+    )
 
 
 class QueueStatusOut(Output):
