@@ -5,6 +5,7 @@ import json
 
 import pytest
 import schemathesis
+from asgiref.sync import sync_to_async
 from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
@@ -196,3 +197,65 @@ def test_the_live_api_answers_every_generated_request_without_a_server_error(liv
             case.call_and_validate(checks=[not_a_server_error, content_type_conformance, response_schema_conformance])
 
         each()
+
+
+# --- the rest of issue 18 §6: inputs that used to answer 500 ------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "bindings",
+    [
+        [{"source": 5, "node": "6", "input": "text"}],
+        [{"source": "prompt", "node": "6", "input": ["text"]}],
+        [{"source": "prompt", "node": {"a": 1}, "input": "text"}],
+        [{"source": "prompt", "node": "6", "input": "text", "kind": ["text"]}],
+    ],
+)
+def test_non_text_comfyui_binding_fields_are_a_form_error(owner, bindings):
+    from queue_app.models import Project
+
+    client = Client(raise_request_exception=False)
+    client.force_login(owner)
+    project = Project.objects.create(owner=owner, name="C", kind="comfyui")
+    workflow = json.dumps({"6": {"class_type": "CLIPTextEncode", "inputs": {"text": "x"}}})
+    response = client.post(f"/projects/{project.id}/comfyui/", {"workflow": workflow, "bindings": json.dumps(bindings)})
+    assert response.status_code == 200 and "binding 1" in response.content.decode()
+    assert not hasattr(Project.objects.get(id=project.id), "comfy") or not Project.objects.get(id=project.id).comfy.bindings
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", ["http://[::1", "https://[zz]/", "https://[::1]x/"])
+def test_unparseable_urls_are_refused_on_test_connection_and_push_subscribe(owner, url):
+    from queue_app.models import Project, PushSubscription
+
+    client = Client(raise_request_exception=False)
+    client.force_login(owner)
+    project = Project.objects.create(owner=owner, name="C", kind="comfyui")
+    tested = client.post(f"/projects/{project.id}/comfyui/test", {"base_url": url}, HTTP_ACCEPT="application/json")
+    assert tested.status_code == 200 and tested.json()["ok"] is False and "not allowed" in tested.json()["error"]
+    body = {"endpoint": url, "keys": {"p256dh": "B" * 87, "auth": "a" * 22}}
+    subscribed = client.post("/push/subscribe", data=json.dumps(body), content_type="application/json")
+    assert subscribed.status_code == 400 and subscribed.json()["ok"] is False
+    assert not PushSubscription.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+@pytest.mark.parametrize("frame", ["not json", "[1, 2", '{"type": NaN}', "[" * 100_000, "x" * 10_000])
+async def test_a_bad_websocket_frame_is_answered_and_the_socket_stays_open(owner, frame, settings):
+    import copy
+
+    from tests.test_live import socket
+
+    settings.CHANNEL_LAYERS = copy.deepcopy(settings.CHANNEL_LAYERS)
+    settings.LIVE_RELAY_SECONDS = 0
+    project = await sync_to_async(make_project)(owner, None)
+    communicator, connected, _ = await socket(owner, project.id)
+    assert connected
+    assert (await communicator.receive_json_from(timeout=5))["type"] == "hello"
+    await communicator.send_to(text_data=frame)
+    assert (await communicator.receive_json_from(timeout=5))["type"] == "error"
+    await communicator.send_json_to({"type": "ping"})
+    assert (await communicator.receive_json_from(timeout=5))["type"] == "pong"
+    await communicator.disconnect()
