@@ -225,6 +225,12 @@ class StartJobs(Schema):
 
 class StartJobsArgs(StartJobs):
     project_id: ProjectId
+    wait: StrictBool = Field(
+        False,
+        description="keep the call open until the started jobs finish (or wait_seconds pass), sending progress "
+        "notifications when the request carries a progressToken; needs a client that accepts text/event-stream",
+    )
+    wait_seconds: StrictInt = Field(120, ge=1, le=600, description="with wait: the longest to wait")
     idempotency_key: IdempotencyKey | None = Field(
         None,
         description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
@@ -235,6 +241,8 @@ class StartJobsArgs(StartJobs):
 class JobsStarted(Output):
     started: list[str] = Field(description="ids of the jobs now pending")
     skipped: int = Field(description="selected jobs that were not drafts or failed jobs")
+    finished: dict[str, int] | None = Field(None, description="with wait: the started jobs per status when the call ended")
+    timed_out: bool | None = Field(None, description="with wait: true when wait_seconds passed before every job finished")
 
 
 class RetryJobs(Schema):

@@ -526,3 +526,9 @@ def job_detail(*, user, job_id) -> dict | None:
         for item in job.album_items.order_by("output_index")
     ]
     return row
+
+
+def jobs_by_status(job_ids) -> dict:
+    """{status: count} of these jobs (one grouped query): what start_jobs' wait watches."""
+    rows = Job.objects.filter(id__in=list(job_ids)).values_list("status").annotate(n=Count("id")).order_by()
+    return {status: n for status, n in rows}

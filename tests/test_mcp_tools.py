@@ -210,3 +210,72 @@ def test_fuzzed_tool_calls_never_answer_a_json_rpc_internal_error(data, fuzz_cli
     result = reply["result"]
     if not result["isError"]:
         Draft202012Validator(tool["outputSchema"]).validate(result["structuredContent"])
+
+
+# --- start_jobs with wait: hear the batch finish ------------------------------------------
+
+
+class BackgroundWorker:
+    """Runs the captured tasks as a worker process would, while the call waits."""
+
+    def __init__(self, tasks):
+        import threading
+
+        self.tasks, self.stop = tasks, threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self):
+        from django.db import connection
+
+        try:
+            while not self.stop.is_set():
+                if not self.tasks.run(limit=1):
+                    self.stop.wait(0.05)
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.mark.timeout(120)
+def test_start_jobs_with_wait_streams_progress_until_the_jobs_finish(world, inline_tasks):
+    project = world["project"]
+    jobs = make_drafts(project, 3)
+    heard = []
+
+    async def progress(done, total, message):
+        heard.append((done, total, message))
+
+    async def start_and_wait():
+        async with sdk_client(world["url"], world["token"]) as client:
+            arguments = {"project_id": project.id, "all_drafts": True, "wait": True, "wait_seconds": 60}
+            return structured(await client.call_tool("start_jobs", arguments, progress_callback=progress))
+
+    with BackgroundWorker(inline_tasks):
+        result = asyncio.run(start_and_wait())
+    assert sorted(result["started"]) == sorted(str(job.id) for job in jobs)
+    assert result["finished"] == {"completed": 3} and result["timed_out"] is False
+    assert heard and heard[-1][:2] == (3, 3) and "3 of 3 finished" in heard[-1][2]
+    assert [done for done, _, _ in heard] == sorted({done for done, _, _ in heard})  # only forward
+    assert Job.objects.filter(project=project, status=Status.COMPLETED).count() == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_that_times_out_says_so(world, inline_tasks):
+    project = world["project"]
+    make_drafts(project, 1)
+    Provider.objects.filter(id=world["provider"].id).update(paused=True)  # nothing will run
+
+    async def start_and_wait():
+        async with sdk_client(world["url"], world["token"]) as client:
+            arguments = {"project_id": project.id, "all_drafts": True, "wait": True, "wait_seconds": 1}
+            return structured(await client.call_tool("start_jobs", arguments))
+
+    result = asyncio.run(start_and_wait())
+    assert result["timed_out"] is True and result["finished"] == {"pending": 1}

@@ -16,17 +16,20 @@ The transport follows the specification (2025-06-18, and 2025-11-25 is offered):
   /.well-known/oauth-protected-resource (RFC 9728) so clients stop looking for OAuth.
 """
 
+import asyncio
 import json
 import logging
+import time
 from urllib.parse import urlsplit
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import limits, schemas, services
+from queue_app import limits, schemas, selectors, services
 from queue_app.web import mcp_tools, tokens
 
 log = logging.getLogger(__name__)
@@ -186,6 +189,8 @@ def mcp_view(request):
         message = read_message(request)
     except schemas.SchemaError as error:
         return refuse(error.code, PARSE_ERROR if error.code == 400 else INVALID_REQUEST, error.message)
+    if wants_watch(request, message):
+        return start_and_watch(request, user, message)
     batch = isinstance(message, list)
     if batch and not message:
         return refuse(400, INVALID_REQUEST, "an empty batch is not a request")
@@ -212,6 +217,68 @@ def mcp_view(request):
     if not replies:
         return accepted()  # notifications and responses only
     return JsonResponse(replies if batch else replies[0], safe=False, encoder=DjangoJSONEncoder)
+
+
+# --- start_jobs with wait: progress over SSE until the jobs finish ------------------------
+
+WATCH_INTERVAL = 1.0
+FINISHED = ("completed", "failed")
+
+
+def wants_watch(request, message) -> bool:
+    if classify(message) != "request" or message["method"] != "tools/call":
+        return False
+    params = message.get("params")
+    if not isinstance(params, dict) or params.get("name") != "start_jobs":
+        return False
+    arguments = params.get("arguments")
+    accepts = request.headers.get("Accept", "")
+    return isinstance(arguments, dict) and arguments.get("wait") is True and "text/event-stream" in accepts
+
+
+def sse(message: dict) -> str:
+    return f"event: message\ndata: {json.dumps(message, cls=DjangoJSONEncoder)}\n\n"
+
+
+def start_and_watch(request, user, message):
+    """Start the jobs now; then answer with an SSE stream: a progress notification each
+    time a started job finishes (when the request carries a progressToken), and the
+    tool's result last, with the jobs per status and whether the wait timed out."""
+    try:
+        result = handle(request, user, message)
+    except RpcError as failure:
+        return JsonResponse(rpc_error(message["id"], failure.code, failure.message))
+    if result["isError"]:
+        return JsonResponse({"jsonrpc": "2.0", "id": message["id"], "result": result})
+    params = message["params"]
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    token = meta.get("progressToken")
+    token = token if isinstance(token, str | int) and not isinstance(token, bool) else None
+    seconds = params["arguments"].get("wait_seconds", 120)
+    stream = watch(message["id"], result["structuredContent"], token, seconds)
+    response = StreamingHttpResponse(stream, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+async def watch(request_id, started: dict, token, seconds: float):
+    job_ids = started["started"]
+    total = len(job_ids)
+    deadline = time.monotonic() + seconds
+    last = None
+    while True:
+        counts = await sync_to_async(selectors.jobs_by_status)(job_ids)
+        done = sum(counts.get(status, 0) for status in FINISHED)
+        if token is not None and done != last:
+            text = f"{done} of {total} finished ({counts.get('failed', 0)} failed)"
+            progress = {"progressToken": token, "progress": done, "total": total, "message": text}
+            yield sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
+            last = done
+        if done >= total or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(WATCH_INTERVAL)
+    structured = {**started, "finished": counts, "timed_out": done < total}
+    yield sse({"jsonrpc": "2.0", "id": request_id, "result": tool_result(structured)})
 
 
 def protected_resource_metadata(request):

@@ -164,7 +164,7 @@ def get_job(ctx: Context, args) -> dict:
 
 def rest_body(args, *exclude) -> dict:
     """The arguments as the REST body they mirror: the idempotency fingerprint's input."""
-    return args.model_dump(mode="json", exclude_none=True, exclude={"idempotency_key", *exclude})
+    return args.model_dump(mode="json", exclude_none=True, exclude_defaults=True, exclude={"idempotency_key", *exclude})
 
 
 def create_drafts(ctx: Context, args) -> dict:
@@ -185,7 +185,7 @@ def start_jobs(ctx: Context, args) -> dict:
         user=ctx.user,
         key=args.idempotency_key,
         scope=f"start:{project.id}",
-        body=rest_body(args, "project_id"),
+        body=rest_body(args, "project_id", "wait", "wait_seconds"),
         run=lambda: (
             services.jobs_start(user=project.owner, project=project, job_ids=args.ids(), all_drafts=args.all_drafts),
             200,
