@@ -260,6 +260,7 @@ def project_jobs_view(request, body, project_id):
 def provider_view(request, body, provider_id):
     if not 1 <= provider_id <= MAX_ID:
         raise services.ServiceError("provider not found", 404)
+    services._own_provider(request.user, provider_id)  # another user's provider is 404 whatever the body says
     return answer(provider_update(request.user, provider_id, schemas.validate(schemas.ProviderUpdate, body)))
 
 
