@@ -177,9 +177,12 @@ def test_a_workflow_past_the_node_or_size_limit_is_refused_and_nothing_is_saved(
     assert not hasattr(Project.objects.get(id=project.id), "comfy") or not Project.objects.get(id=project.id).comfy.workflow
 
 
-def test_limits_are_read_from_one_place(monkeypatch, provider, owner):
-    """Changing the declared number moves the service that every door calls."""
+def test_limits_are_read_from_one_place(monkeypatch, provider, owner, client):
+    """Changing the declared number moves the service that every door calls, and the
+    monitor's input bounds."""
     monkeypatch.setattr(limits, "CONCURRENCY", limits.Range(1, 5, "concurrency"))
+    client.force_login(owner)
+    assert 'name="concurrency" min="1" max="5"' in client.get("/queue/").content.decode()
     with pytest.raises(services.ServiceError, match="from 1 to 5"):
         services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=6)
     assert services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=5).concurrency == 5
