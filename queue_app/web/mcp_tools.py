@@ -1,9 +1,10 @@
 """The MCP tools: what a person does from the pages, for an agent (issue 17).
 
 Each tool is one row of TOOLS: its arguments and its result are pydantic models from
-`queue_app.schemas` — the same models the JSON API validates with — so inputSchema and
-outputSchema are generated, never written by hand. A handler gets the validated
-arguments and calls one selector or service, like an API view.
+`queue_app.schemas` (the same models the JSON API validates with) and
+`queue_app.agent_schemas` (lists and lookups), so inputSchema and outputSchema are
+generated, never written by hand. A handler gets the validated arguments and calls one
+selector or service, like an API view.
 
 Lists page with an opaque cursor (`nextCursor` → `cursor`): projects and providers by id
 (keyset), jobs by page of the same selector the monitor reads.
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import BaseModel
 
-from queue_app import schemas, selectors, services
+from queue_app import agent_schemas, schemas, selectors, services
 from queue_app.web import api
 
 READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
@@ -225,7 +226,7 @@ def set_concurrency(ctx: Context, args) -> dict:
     return api.provider_update(ctx.user, args.provider_id, schemas.ProviderUpdate(concurrency=args.concurrency))
 
 
-S = schemas
+S, A = schemas, agent_schemas
 TOOLS = [
     Tool(
         "get_queue_status",
@@ -233,8 +234,8 @@ TOOLS = [
         "Totals of the generation queue (pending, processing, failed; queued, waiting, running, stalled, detached; "
         "active slots vs concurrency; the oldest dispatchable job's age), optionally per project or provider. "
         "The same counts as the Queue Monitor.",
-        S.QueueStatusArgs,
-        S.QueueStatusOut,
+        A.QueueStatusArgs,
+        A.QueueStatusOut,
         READ,
         queue_status,
     ),
@@ -242,8 +243,8 @@ TOOLS = [
         "list_projects",
         "List projects",
         "Your projects (idle ones too), oldest first, one page at a time.",
-        S.ListArgs,
-        S.ProjectPage,
+        A.ListArgs,
+        A.ProjectPage,
         READ,
         list_projects,
     ),
@@ -251,8 +252,8 @@ TOOLS = [
         "get_project",
         "Get a project",
         "One project: its kind, provider, default output settings, and its job counts per status.",
-        S.ProjectArgs,
-        S.ProjectDetail,
+        A.ProjectArgs,
+        A.ProjectDetail,
         READ,
         get_project,
     ),
@@ -260,18 +261,18 @@ TOOLS = [
         "list_providers",
         "List providers",
         "Your provider records: family, paused or cooling down, concurrency and the slots in use.",
-        S.ListArgs,
-        S.ProviderPage,
+        A.ListArgs,
+        A.ProviderPage,
         READ,
         list_providers,
     ),
-    Tool("get_provider", "Get a provider", "One provider record.", S.ProviderArgs, S.ProviderOut, READ, get_provider),
+    Tool("get_provider", "Get a provider", "One provider record.", A.ProviderArgs, A.ProviderOut, READ, get_provider),
     Tool(
         "list_jobs",
         "List jobs",
         "Jobs newest first, in one project or provider queue or everywhere, filtered by state, with why each waits.",
-        S.ListJobsArgs,
-        S.JobPage,
+        A.ListJobsArgs,
+        A.JobPage,
         READ,
         list_jobs,
     ),
@@ -280,8 +281,8 @@ TOOLS = [
         "Get a job",
         "One job: status and derived state, error, the resolved settings it ran with, every attempt, and its outputs "
         "(links, text outputs inline; images inline with include_images).",
-        S.JobArgs,
-        S.JobDetail,
+        A.JobArgs,
+        A.JobDetail,
         READ,
         get_job,
     ),
@@ -311,7 +312,7 @@ TOOLS = [
         "Retry jobs",
         "Put chosen failed jobs back in the queue (other jobs are skipped). A job that keeps its remote task is "
         "collected, not paid for again.",
-        S.RetryJobsArgs,
+        A.RetryJobsArgs,
         S.JobsRetried,
         STARTS_WORK,
         retry_jobs,
@@ -339,7 +340,7 @@ TOOLS = [
         "pause_provider",
         "Pause a provider",
         "Stop dispatching new jobs to a provider record; running work finishes.",
-        S.ProviderArgs,
+        A.ProviderArgs,
         S.ProviderRow,
         {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False},
         pause_provider,
@@ -348,7 +349,7 @@ TOOLS = [
         "resume_provider",
         "Resume a provider",
         "Dispatch to a paused provider record again (its queued jobs start at once).",
-        S.ProviderArgs,
+        A.ProviderArgs,
         S.ProviderRow,
         STARTS_WORK,
         resume_provider,
@@ -358,7 +359,7 @@ TOOLS = [
         "Set a provider's concurrency",
         "How many jobs a provider record runs at once. Raising it starts queued work at once; lowering it never "
         "cancels running work.",
-        S.SetConcurrencyArgs,
+        A.SetConcurrencyArgs,
         S.ProviderRow,
         STARTS_WORK,
         set_concurrency,

@@ -7,6 +7,7 @@ from django.http import JsonResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from queue_app import agent_schemas as A
 from queue_app import schemas as S
 
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
@@ -14,7 +15,7 @@ ANY_OBJECT = {"type": "object"}
 
 # (path, method, operation id, summary, body model, query model, success status, result model)
 OPERATIONS = [
-    ("/api/queue/status", "get", "queue_status", "Queue totals", None, S.QueueStatusQuery, 200, S.QueueStatusOut),
+    ("/api/queue/status", "get", "queue_status", "Queue totals", None, S.QueueStatusQuery, 200, A.QueueStatusOut),
     ("/api/queue/clear-failed", "post", "clear_failed", "Clear failed jobs", S.FailedScope, None, 200, S.FailedResult),
     ("/api/queue/retry-failed", "post", "retry_failed", "Retry failed jobs", S.FailedScope, None, 200, S.FailedResult),
     ("/api/projects/{project_id}/drafts", "post", "create_drafts", "Create drafts", S.CreateDrafts, None, 201, S.DraftsCreated),
