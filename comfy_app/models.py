@@ -10,6 +10,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from queue_app import limits
 from queue_app.models import Job, Project
 from queue_app.providers import crypto
 
@@ -25,7 +26,7 @@ class ComfyInstance(models.Model):
     # Fernet token; write-only in forms and admin, never rendered or logged.
     password_encrypted = models.TextField(blank=True, default="")
     # API-format workflow: {node_id: {"class_type", "inputs"}}
-    workflow = models.JSONField(default=dict, blank=True)
+    workflow = models.JSONField(default=dict, blank=True, validators=[limits.check_workflow])
     # The workflow's node ids in the order they were written: PostgreSQL's jsonb does not
     # keep object key order, and outputs are stored in workflow order.
     node_order = models.JSONField(default=list, blank=True)

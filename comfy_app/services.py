@@ -2,10 +2,12 @@
 
 import json
 
+from django.core.exceptions import ValidationError
+
 from comfy_app import allowed_hosts, workflow
 from comfy_app import client as comfy
 from comfy_app.models import ComfyAllowedHost, ComfyInstance
-from queue_app import selectors
+from queue_app import limits, selectors
 from queue_app.models import Kind, Project
 from queue_app.providers import net
 from queue_app.services import ServiceError
@@ -59,6 +61,10 @@ def comfy_settings_save(
             bindings = json.loads(bindings) if bindings.strip() else []
         except ValueError as error:
             raise ServiceError(f"the bindings are not valid JSON: {error}") from None
+    try:
+        limits.check_workflow(workflow_json or {})
+    except ValidationError as error:
+        raise ServiceError(" ".join(error.messages)) from None
     try:
         if workflow_json:
             workflow.validate_workflow(workflow_json)

@@ -43,8 +43,12 @@ def validate_bindings(bindings, workflow: dict) -> list:
     for index, binding in enumerate(bindings):
         if not isinstance(binding, dict):
             raise WorkflowError(f"binding {index + 1} must be an object")
-        source, node, input_name = binding.get("source", ""), str(binding.get("node", "")), binding.get("input", "")
+        source, node, input_name = binding.get("source", ""), binding.get("node", ""), binding.get("input", "")
         kind = binding.get("kind", "text")
+        if isinstance(node, int) and not isinstance(node, bool):
+            node = str(node)  # {"node": 6} means node "6"
+        if not all(isinstance(value, str) for value in (source, node, input_name, kind)):
+            raise WorkflowError(f"binding {index + 1}: source, node, input and kind must be text")
         if kind not in KINDS:
             raise WorkflowError(f"binding {index + 1}: kind must be one of {', '.join(KINDS)}")
         if not (source == "prompt" or source.startswith("params.") or source.startswith("references.")):

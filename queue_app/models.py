@@ -11,9 +11,11 @@ scatter them.
 import uuid
 
 from django.conf import settings
+from django.core.validators import MaxLengthValidator
 from django.db import models
 from django.db.models import Q
 
+from queue_app import limits
 from queue_app.providers import crypto
 
 
@@ -73,9 +75,13 @@ class Provider(models.Model):
     api_secret_encrypted = models.TextField(blank=True, default="")
     api_key_hint = models.CharField(max_length=4, blank=True, default="")
     base_url = models.URLField(blank=True, default="")
-    options = models.JSONField(default=dict, blank=True)
-    concurrency = models.PositiveIntegerField(default=1)
-    max_attempts = models.PositiveSmallIntegerField(default=settings.DEFAULT_MAX_ATTEMPTS)
+    options = models.JSONField(default=dict, blank=True, validators=[limits.check_provider_options])
+    # Bounds from queue_app.limits: the validators serve forms and admin, the check
+    # constraints hold them for every other writer.
+    concurrency = models.PositiveIntegerField(default=1, validators=[limits.CONCURRENCY.validator()])
+    max_attempts = models.PositiveSmallIntegerField(
+        default=settings.DEFAULT_MAX_ATTEMPTS, validators=[limits.MAX_ATTEMPTS.validator()]
+    )
     paused = models.BooleanField(default=False)
     # Why the queue paused it (a rejected key, no credit); empty when a person did.
     paused_reason = models.CharField(max_length=300, blank=True, default="")
@@ -86,7 +92,16 @@ class Provider(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        constraints = [models.CheckConstraint(condition=Q(concurrency__gte=1), name="provider_concurrency_gte_1")]
+        constraints = [
+            models.CheckConstraint(condition=Q(concurrency__gte=1), name="provider_concurrency_gte_1"),
+            models.CheckConstraint(
+                condition=Q(concurrency__lte=limits.CONCURRENCY.high), name="provider_concurrency_within_limit"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=limits.MAX_ATTEMPTS.low, max_attempts__lte=limits.MAX_ATTEMPTS.high),
+                name="provider_max_attempts_within_limit",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.name} ({self.family})"
@@ -151,8 +166,8 @@ class Job(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="jobs")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.DRAFT)
-    prompt = models.TextField()
-    references = models.JSONField(default=list, blank=True)
+    prompt = models.TextField(validators=[MaxLengthValidator(limits.PROMPT_CHARS)])
+    references = models.JSONField(default=list, blank=True, validators=[limits.check_references])
 
     # What the draft asked for; blanks fall back to the project at claim time.
     provider = models.ForeignKey(Provider, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
@@ -162,9 +177,9 @@ class Job(models.Model):
     resolution = models.CharField(max_length=30, blank=True, default="")
     format = models.CharField(max_length=10, blank=True, default="")
     background = models.CharField(max_length=20, blank=True, default="")
-    duration = models.PositiveIntegerField(null=True, blank=True)
+    duration = models.PositiveIntegerField(null=True, blank=True, validators=[limits.DURATION.validator()])
     sound = models.CharField(max_length=10, blank=True, default="")
-    params = models.JSONField(default=dict, blank=True)
+    params = models.JSONField(default=dict, blank=True, validators=[limits.check_params])
 
     # The resolved snapshot, written at claim: the poller and the output writer read this,
     # never the project.

@@ -19,14 +19,15 @@ import re
 
 from PIL import Image
 
+from queue_app import limits
 from queue_app.engine import media
 
 log = logging.getLogger(__name__)
 
-# The limits, declared once: the page, the API, MCP and the service all read these.
-MAX_REFERENCES = 16
-MAX_REFERENCE_BYTES = 20 * 1024 * 1024
-MAX_URL_CHARS = 2048
+# The limits live in queue_app/limits.py with every other bound.
+MAX_REFERENCES = limits.REFERENCES
+MAX_REFERENCE_BYTES = limits.REFERENCE_BYTES
+MAX_URL_CHARS = limits.REFERENCE_CHARS
 
 IMAGE_TYPES = set(media.IMAGE_FORMATS.values())
 _SHA = re.compile(r"^[0-9a-f]{64}$")

@@ -7,19 +7,20 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from queue_app import references, selectors
+from queue_app import limits, references, selectors
 from queue_app.engine import dispatch, events, outputs, remote_cancel, transitions
 from queue_app.models import IdempotencyKey, Job, Kind, Project, Provider, Reference, Status
 from queue_app.providers.catalogue import CATALOGUE, default_model
 
 log = logging.getLogger(__name__)
 
-MAX_DRAFTS_PER_REQUEST = 500
-MAX_PROMPT_CHARS = 32000
+MAX_DRAFTS_PER_REQUEST = limits.QUANTITY.high
+MAX_PROMPT_CHARS = limits.PROMPT_CHARS
 
 
 class ServiceError(Exception):
@@ -29,6 +30,14 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+def within_limits(check, value) -> None:
+    """Run one of queue_app.limits' checks; its refusal becomes a ServiceError."""
+    try:
+        check(value)
+    except ValidationError as error:
+        raise ServiceError(" ".join(error.messages)) from None
 
 
 # --- Drafts -----------------------------------------------------------------------------
@@ -105,18 +114,17 @@ def draft_values(*, user, settings_: dict | None) -> dict:
         if key == "duration":
             if value in (None, ""):
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 600:
-                raise ServiceError("duration must be a whole number of seconds from 1 to 600")
+            if not limits.DURATION.contains(value) or not isinstance(value, int):
+                raise ServiceError(limits.DURATION.message() + " (seconds)")
             values["duration"] = value
         elif key in DRAFT_FIELDS:
             if value is None:
                 continue
-            if not isinstance(value, str) or len(value) > (200 if key == "model" else 30):
+            if not isinstance(value, str) or len(value) > (limits.MODEL_CHARS if key == "model" else limits.OPTION_CHARS):
                 raise ServiceError(f"{key} must be a short text value")
             values[key] = value.strip()
         elif key == "params":
-            if not isinstance(value, dict):
-                raise ServiceError("params must be an object")
+            within_limits(limits.check_params, value)
             values["params"] = value
         elif key == "references":
             try:
@@ -362,8 +370,8 @@ def provider_set_paused(*, user, provider_id, paused: bool) -> Provider:
 def provider_set_concurrency(*, user, provider_id, concurrency) -> Provider:
     """Takes effect at once for new dispatches. Lowering it never cancels running or
     detached work: the extra jobs finish and their slots are not refilled."""
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 1000:
-        raise ServiceError("concurrency must be a whole number from 1 to 1000")
+    if not limits.CONCURRENCY.contains(concurrency):
+        raise ServiceError(limits.CONCURRENCY.message())
     provider = _own_provider(user, provider_id)
     Provider.objects.filter(id=provider.id).update(concurrency=concurrency)
     log.info("provider %s concurrency %s → %s by user %s", provider.id, provider.concurrency, concurrency, user.pk)

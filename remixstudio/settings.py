@@ -44,6 +44,8 @@ DEBUG = envbool("DEBUG", "False")
 SECRET_KEY = os.getenv("SECRET_KEY", "")
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
+# Browser origins (besides this host) allowed to call /mcp: the DNS-rebinding guard.
+MCP_ALLOWED_ORIGINS = envlist("MCP_ALLOWED_ORIGINS")
 SITE_URL = os.getenv("SITE_URL", "http://127.0.0.1:8000")
 
 INSTALLED_APPS = [

@@ -15,15 +15,26 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.timeout(120)
-def test_dispatch_under_a_huge_concurrency_costs_what_its_jobs_cost(owner):
+def test_dispatch_under_a_huge_concurrency_costs_what_its_jobs_cost(owner, monkeypatch):
     provider = make_provider(owner, concurrency=1)
     Provider.objects.filter(id=provider.id).update(paused=True)  # nothing dispatches while we set up
     project = make_project(owner, provider)
     make_drafts(project, 3)
     services.jobs_start(user=owner, project=project, all_drafts=True)
-    # The largest value the column holds on every database (it used to build a list of
-    # this many slot numbers while holding the provider lock).
-    Provider.objects.filter(id=provider.id).update(concurrency=2**31 - 1, paused=False)
+    # The database now refuses a concurrency above limits.CONCURRENCY, so the row is read
+    # back as if it held the largest value the column holds on every database (dispatch
+    # used to build a list of this many slot numbers while holding the provider lock):
+    # its cost must not depend on the declared limit either.
+    Provider.objects.filter(id=provider.id).update(paused=False)
+    from_db = Provider.from_db.__func__
+
+    def inflated(cls, db, field_names, values):
+        row = from_db(cls, db, field_names, values)
+        if "concurrency" in row.__dict__:
+            row.concurrency = 2**31 - 1
+        return row
+
+    monkeypatch.setattr(Provider, "from_db", classmethod(inflated))
     tracemalloc.start()
     try:
         claimed = dispatch.dispatch(provider.id)

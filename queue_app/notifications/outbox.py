@@ -65,7 +65,10 @@ class _NetSession:
 
 def endpoint_host(endpoint: str) -> str:
     """What logs and pages may show of an endpoint: its host. The path is the secret."""
-    return urlsplit(endpoint).hostname or "?"
+    try:
+        return urlsplit(endpoint).hostname or "?"
+    except ValueError:
+        return "?"
 
 
 def push_send(subscription: PushSubscription, payload: dict, *, private_key: str | None = None) -> str:

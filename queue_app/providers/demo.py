@@ -25,6 +25,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from queue_app import limits
 from queue_app.providers.base import (
     AccountError,
     AmbiguousError,
@@ -148,7 +149,9 @@ def outputs_for(job: ResolvedJob) -> list[Output]:
     if job.kind == "audio":
         return [Output(kind="audio", data=render_wav(job.prompt), content_type="audio/wav")]
     if job.model == "demo-layers":
-        layers = int(job.params.get("layers", job.options.get("layers", 3)))
+        # Clamped as well as validated: a row written before the limit existed still
+        # renders at most the declared number of layers.
+        layers = max(1, min(limits.DEMO_LAYERS.high, int(job.params.get("layers", job.options.get("layers", 3)))))
         outputs = [
             Output(kind="image", data=render_png(job.prompt, job.aspect_ratio), content_type="image/png", role="composite")
         ]

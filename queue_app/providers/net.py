@@ -124,8 +124,11 @@ def _resolve(host: str, port: int) -> list[str]:
 def check_url(url: str) -> None:
     """Raise UnsafeURL unless `url` may be fetched. Resolves the host: every address it
     resolves to must be public (a name that also points inside is refused)."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+    except ValueError:  # "http://[::1": an unparseable URL is a refusal, not a crash
+        raise UnsafeURL(f"not a valid URL: {url[:80]!r}") from None
     if not host:
         raise UnsafeURL(f"not an absolute URL: {url[:80]!r}")
     try:

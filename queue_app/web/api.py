@@ -10,17 +10,17 @@ the same key and body replays the first response, a different body answers 422, 
 still running under that key answers 409. Keys are per user and kept at least 24 hours.
 """
 
-import json
 import logging
-import uuid
 from functools import wraps
 
+from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
 from django.http import Http404, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import selectors, services
+from queue_app import limits, schemas, selectors, services
 from queue_app.models import Project
 from queue_app.web import tokens
 
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 BREAKDOWNS = ("none", "projects", "providers", "all")
-SETTING_KEYS = (*services.DRAFT_FIELDS, "duration", "params", "references")
 
 
 def answer(payload, status_code: int = 200) -> JsonResponse:
@@ -57,6 +56,26 @@ def authenticate(request):
     return None, error("authentication required: sign in or send Authorization: Bearer <token>", 401)
 
 
+def read_body(request) -> dict:
+    """The JSON object of a POST (empty: {}), refused before it is read when too large."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limits.REQUEST_BYTES:
+        raise schemas.SchemaError(f"the body is {declared} bytes; the limit is {limits.REQUEST_BYTES}", 413)
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise schemas.SchemaError(f"the body is larger than {limits.REQUEST_BYTES} bytes", 413) from None
+    if not raw:
+        return {}
+    body = schemas.parse_json(raw)
+    if not isinstance(body, dict):
+        raise schemas.SchemaError("the body must be a JSON object")
+    return body
+
+
 def endpoint(*methods):
     def decorate(view):
         @csrf_exempt
@@ -71,14 +90,9 @@ def endpoint(*methods):
                 return refused
             request.user = user
             body = {}
-            if request.method == "POST" and request.body:
-                try:
-                    body = json.loads(request.body)
-                except (ValueError, UnicodeDecodeError):
-                    return error("the body is not valid JSON", 400)
-                if not isinstance(body, dict):
-                    return error("the body must be a JSON object", 400)
             try:
+                if request.method == "POST":
+                    body = read_body(request)
                 return view(request, body, *args, **kwargs)
             except services.ServiceError as refusal:
                 return error(refusal.message, refusal.code)
@@ -102,63 +116,20 @@ def visible_project(user, project_id) -> Project:
     return project
 
 
-def whole_number(value, name: str, *, low: int, high: int, default=None) -> int:
-    if value in (None, ""):
-        if default is None:
-            raise services.ServiceError(f"{name} is required")
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise services.ServiceError(f"{name} must be a whole number") from None
-    if isinstance(value, bool) or isinstance(value, float) or not low <= number <= high:
-        raise services.ServiceError(f"{name} must be a whole number from {low} to {high}")
-    return number
-
-
-def uuid_list(values, name: str = "job_ids") -> list[str]:
-    if not isinstance(values, list) or not values or len(values) > services.MAX_DRAFTS_PER_REQUEST:
-        raise services.ServiceError(f"{name} must be a list of 1 to {services.MAX_DRAFTS_PER_REQUEST} job ids")
-    try:
-        return [str(uuid.UUID(str(value))) for value in values]
-    except ValueError:
-        raise services.ServiceError(f"{name} must hold job ids (UUIDs)") from None
-
-
-def failed_scope_args(user, body) -> dict:
-    """{project_id, provider_id} of a clear/retry request: scope all, project or provider."""
-    project_id, provider_id = body.get("project_id"), body.get("provider_id")
-    if project_id is not None and provider_id is not None:
-        raise services.ServiceError("project_id and provider_id are mutually exclusive: choose one scope")
-    scope = body.get("scope") or ("project" if project_id is not None else "provider" if provider_id is not None else "all")
-    if scope not in ("all", "project", "provider"):
-        raise services.ServiceError("scope must be all, project or provider")
-    if scope == "all" and (project_id is not None or provider_id is not None):
-        raise services.ServiceError("scope all takes no project_id or provider_id")
-    if scope == "project":
-        return {"project_id": whole_number(project_id, "project_id", low=1, high=2**62), "provider_id": None}
-    if scope == "provider":
-        return {"project_id": None, "provider_id": whole_number(provider_id, "provider_id", low=1, high=2**62)}
-    return {"project_id": None, "provider_id": None}
-
-
 # --- Queue ------------------------------------------------------------------------------
 
 
 @endpoint("GET")
 def queue_status_view(request, body):
-    breakdown = request.GET.get("breakdown", "none")
-    if breakdown not in BREAKDOWNS:
-        return error("breakdown must be none, projects, providers or all", 400)
-    limit = request.GET.get("limit")
-    limit = whole_number(limit, "limit", low=1, high=1000) if limit not in (None, "") else None
-    return answer(selectors.queue_status(user=request.user, breakdown=breakdown, limit=limit))
+    query = schemas.validate_query(schemas.QueueStatusQuery, request.GET)
+    return answer(selectors.queue_status(user=request.user, breakdown=query.breakdown, limit=query.limit))
 
 
 def act_on_failed(user, body, *, action: str) -> dict:
     """A clear or retry request of the API or MCP (a dry run only counts)."""
-    scope = failed_scope_args(user, body)
-    if body.get("dry_run"):
+    args = body if isinstance(body, schemas.FailedScope) else schemas.validate(schemas.FailedScope, body)
+    scope = {"project_id": args.project_id, "provider_id": args.provider_id}
+    if args.dry_run:
         count = services.failed_scope(user=user, **scope).count()
         return {"dry_run": True, "affected": count, **scope}
     if action == "clear":
@@ -181,53 +152,58 @@ def retry_failed_view(request, body):
 # --- Projects and jobs ------------------------------------------------------------------
 
 
-def settings_from_body(body) -> dict:
-    values = dict(body.get("settings") or {}) if isinstance(body.get("settings"), dict) else {}
-    if body.get("settings") is not None and not isinstance(body.get("settings"), dict):
-        raise services.ServiceError("settings must be an object")
-    for key in SETTING_KEYS:
-        if key in body:
-            values[key] = body[key]
-    return values
-
-
 def drafts_create(user, project: Project, body) -> tuple[dict, int]:
+    """Validate against schemas.CreateDrafts, create the drafts, and say what they will
+    run with (the resolved settings, and each requested value the model changed)."""
+    from queue_app.engine import snapshot
     from queue_app.models import Provider
 
-    unknown = set(body) - {"prompt", "quantity", "provider_id", "settings", "project_id", "per_line", *SETTING_KEYS}
-    if unknown:
-        raise services.ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    args = body if isinstance(body, schemas.CreateDrafts) else schemas.validate(schemas.CreateDrafts, body)
     provider = None
-    if body.get("provider_id") is not None:
-        provider_id = whole_number(body["provider_id"], "provider_id", low=1, high=2**62)
-        provider = Provider.objects.filter(id=provider_id, owner=project.owner).first()
+    if args.provider_id is not None:
+        provider = Provider.objects.filter(id=args.provider_id, owner=project.owner).first()
         if provider is None:
             raise services.ServiceError("provider not found", 404)
-    quantity = body.get("quantity", 1)
-    per_line = body.get("per_line", False)
-    if not isinstance(per_line, bool):
-        raise services.ServiceError("per_line must be true or false")
     jobs = services.jobs_create_drafts(
         user=project.owner,
         project=project,
-        prompt=body.get("prompt") if isinstance(body.get("prompt"), str) else "",
-        quantity=quantity,
+        prompt=args.prompt,
+        quantity=args.quantity,
         provider=provider,
-        settings_=settings_from_body(body),
-        per_line=per_line,
+        settings_=args.options(),
+        per_line=args.per_line,
     )
-    return {"project_id": project.id, "count": len(jobs), "jobs": [{"id": str(j.id), "status": j.status} for j in jobs]}, 201
+    resolved = snapshot.build(jobs[0], project, provider or project.provider)
+    for private in ("system_prompt", "temperature", "max_tokens", "params"):
+        resolved.pop(private, None)
+    requested = args.options()
+    adjusted = {
+        name: {"requested": requested[name], "used": resolved.get(name)}
+        for name in ("aspect_ratio", "quality", "resolution", "format", "background", "duration")
+        if name in requested and requested[name] != resolved.get(name)
+    }
+    payload = {
+        "project_id": project.id,
+        "count": len(jobs),
+        "jobs": [{"id": str(j.id), "status": j.status} for j in jobs],
+        "resolved": resolved,
+        "adjusted": adjusted,
+    }
+    return payload, 201
 
 
 @endpoint("POST")
 def drafts_view(request, body, project_id):
     project = visible_project(request.user, project_id)
+    if body.get("project_id") == project.id:
+        body = {key: value for key, value in body.items() if key != "project_id"}  # the path already says it
+    args = schemas.validate(schemas.CreateDrafts, body)
     payload, code = services.idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
         scope=f"drafts:{project.id}",
         body=body,
-        run=lambda: drafts_create(request.user, project, body),
+        run=lambda: drafts_create(request.user, project, args),
     )
     return answer(payload, code)
 
@@ -235,12 +211,8 @@ def drafts_view(request, body, project_id):
 @endpoint("POST")
 def start_view(request, body, project_id):
     project = visible_project(request.user, project_id)
-    all_drafts = body.get("all_drafts", False)
-    if not isinstance(all_drafts, bool):
-        raise services.ServiceError("all_drafts must be true or false")
-    job_ids = uuid_list(body["job_ids"]) if body.get("job_ids") is not None else None
-    if not all_drafts and not job_ids:
-        raise services.ServiceError("give job_ids or all_drafts: true")
+    args = schemas.validate(schemas.StartJobs, body)
+    job_ids, all_drafts = args.ids(), args.all_drafts
     payload, code = services.idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
@@ -253,8 +225,12 @@ def start_view(request, body, project_id):
 
 @endpoint("POST")
 def jobs_retry_view(request, body):
-    job_ids = uuid_list(body.get("job_ids"))
-    visible = selectors.visible_jobs(request.user).filter(id__in=job_ids)
+    return answer(jobs_retry(request.user, schemas.validate(schemas.RetryJobs, body)))
+
+
+def jobs_retry(user, args) -> dict:
+    job_ids = [str(job_id) for job_id in args.job_ids]
+    visible = selectors.visible_jobs(user).filter(id__in=job_ids)
     if visible.count() != len(set(job_ids)):
         raise services.ServiceError("job not found", 404)
     owners = set(visible.values_list("owner_id", flat=True))
@@ -263,7 +239,7 @@ def jobs_retry_view(request, body):
 
     for owner in get_user_model().objects.filter(id__in=owners):
         retried += services.jobs_retry(user=owner, job_ids=job_ids)["retried"]
-    return answer({"retried": retried, "skipped": len(set(job_ids)) - len(retried)})
+    return {"retried": retried, "skipped": len(set(job_ids)) - len(retried)}
 
 
 def jobs_cancel(user, job_ids: list[str]) -> dict:
@@ -282,7 +258,7 @@ def jobs_cancel(user, job_ids: list[str]) -> dict:
 
 @endpoint("POST")
 def jobs_cancel_view(request, body):
-    job_ids = uuid_list(body.get("job_ids"))
+    job_ids = [str(job_id) for job_id in schemas.validate(schemas.CancelJobs, body).job_ids]
     payload, code = services.idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
@@ -296,18 +272,14 @@ def jobs_cancel_view(request, body):
 @endpoint("GET")
 def project_jobs_view(request, body, project_id):
     project = visible_project(request.user, project_id)
-    state = request.GET.get("status") or "all"
-    if state not in selectors.JOB_FILTER_STATES:
-        return error("status must be one of " + ", ".join(selectors.JOB_FILTER_STATES), 400)
-    page = whole_number(request.GET.get("page"), "page", low=1, high=10**9, default=1)
-    per_page = whole_number(request.GET.get("per_page"), "per_page", low=1, high=selectors.MAX_PER_PAGE, default=50)
+    query = schemas.validate_query(schemas.ProjectJobsQuery, request.GET)
     result = selectors.jobs_page(
         user=request.user,
         project_id=project.id,
-        state=state,
-        page=page,
-        per_page=per_page,
-        with_attempts=request.GET.get("attempts") in ("1", "true"),
+        state=query.status,
+        page=query.page,
+        per_page=query.per_page,
+        with_attempts=query.attempts,
     )
     return answer({"project_id": project.id, **result})
 
@@ -316,21 +288,21 @@ def project_jobs_view(request, body, project_id):
 def provider_view(request, body, provider_id):
     if not 1 <= provider_id <= MAX_ID:
         raise services.ServiceError("provider not found", 404)
-    if not any(key in body for key in ("paused", "concurrency")):
-        raise services.ServiceError("give paused (true/false) and/or concurrency")
-    provider = None
-    if "paused" in body:
-        if not isinstance(body["paused"], bool):
-            raise services.ServiceError("paused must be true or false")
-        provider = services.provider_set_paused(user=request.user, provider_id=provider_id, paused=body["paused"])
-    if "concurrency" in body:
-        provider = services.provider_set_concurrency(user=request.user, provider_id=provider_id, concurrency=body["concurrency"])
-    return answer(
-        {
-            "id": provider.id,
-            "name": provider.name,
-            "family": provider.family,
-            "paused": provider.paused,
-            "concurrency": provider.concurrency,
-        }
-    )
+    services._own_provider(request.user, provider_id)  # another user's provider is 404 whatever the body says
+    return answer(provider_update(request.user, provider_id, schemas.validate(schemas.ProviderUpdate, body)))
+
+
+def provider_update(user, provider_id: int, args) -> dict:
+    """Both changes or neither: validated in full first, then written in one transaction."""
+    with transaction.atomic():
+        if args.paused is not None:
+            provider = services.provider_set_paused(user=user, provider_id=provider_id, paused=args.paused)
+        if args.concurrency is not None:
+            provider = services.provider_set_concurrency(user=user, provider_id=provider_id, concurrency=args.concurrency)
+    return {
+        "id": provider.id,
+        "name": provider.name,
+        "family": provider.family,
+        "paused": provider.paused,
+        "concurrency": provider.concurrency,
+    }

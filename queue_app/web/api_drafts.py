@@ -6,7 +6,23 @@ import json
 
 from queue_app import services
 from queue_app.models import Job, Provider, Status
-from queue_app.web.api import SETTING_KEYS, answer, endpoint, whole_number
+from queue_app.web.api import answer, endpoint
+
+SETTING_KEYS = (*services.DRAFT_FIELDS, "duration", "params", "references")
+
+
+def whole_number(value, name: str, *, low: int, high: int, default=None) -> int:
+    if value in (None, ""):
+        if default is None:
+            raise services.ServiceError(f"{name} is required")
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise services.ServiceError(f"{name} must be a whole number") from None
+    if isinstance(value, bool) or isinstance(value, float) or not low <= number <= high:
+        raise services.ServiceError(f"{name} must be a whole number from {low} to {high}")
+    return number
 
 
 def draft_payload(job: Job) -> dict:

@@ -1,126 +1,48 @@
 """The MCP endpoint: Streamable HTTP transport, JSON-RPC 2.0, at /mcp.
 
-A small view rather than the `mcp` package: the tools are a handful of calls of the
-same selector and services as the JSON API, and the transport needs only POST with JSON
-answers (the spec lets a server answer a request with application/json instead of an
-SSE stream; GET, for a server-initiated stream, answers 405). Authenticated by the
-personal API token (`Authorization: Bearer rsq_…`), like the JSON API.
+A small view rather than the `mcp` package: the tools (queue_app.web.mcp_tools) are calls
+of the same selectors and services as the JSON API, and the transport needs only POST
+with JSON answers (the specification lets a server answer a request with
+application/json instead of an SSE stream; GET, for a server-initiated stream, and
+DELETE, for sessions we do not keep, answer 405). Authenticated by the personal API
+token (`Authorization: Bearer rsq_…`), like the JSON API.
 
-Tools: get_queue_status, clear_failed_jobs, retry_failed_jobs, create_drafts, start_jobs,
-cancel_jobs.
+The transport follows the specification (2025-06-18, and 2025-11-25 is offered):
+- every failure is a JSON-RPC error in a JSON body, never an HTML or text page;
+- `Origin`, when sent, must be this host or one of MCP_ALLOWED_ORIGINS (DNS rebinding);
+- an unsupported `MCP-Protocol-Version` header answers 400;
+- a posted response or notification answers 202 with no body; an empty batch is an error;
+- 401 carries `WWW-Authenticate: Bearer resource_metadata=…`, which points at
+  /.well-known/oauth-protected-resource (RFC 9728) so clients stop looking for OAuth.
 """
 
+import asyncio
 import json
 import logging
+import time
+from urllib.parse import urlsplit
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import references, selectors, services
-from queue_app.web import api, tokens
+from queue_app import limits, schemas, selectors, services
+from queue_app.web import mcp_tools, tokens
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
-SERVER_INFO = {"name": "remix-studio-queue", "version": "1.0"}
+PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+SERVER_INFO = {"name": "remix-studio-queue", "version": "1.1"}
 
-SCOPE_PROPERTIES = {
-    "scope": {"type": "string", "enum": ["all", "project", "provider"], "description": "which failed jobs (default: all)"},
-    "project_id": {"type": "integer", "description": "with scope=project"},
-    "provider_id": {"type": "integer", "description": "with scope=provider"},
-    "dry_run": {"type": "boolean", "description": "only count the jobs that would be affected"},
-}
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
 
-TOOLS = [
-    {
-        "name": "get_queue_status",
-        "title": "Queue status",
-        "description": "Totals of the generation queue (pending, processing, failed; Running, Detached, Queued, "
-        "Waiting; active slots vs concurrency; oldest dispatchable job's age), optionally per project or provider. "
-        "The same counts as the Queue Monitor.",
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "breakdown": {"type": "string", "enum": list(api.BREAKDOWNS), "default": "none"},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
-            },
-        },
-        "annotations": {"readOnlyHint": True},
-    },
-    {
-        "name": "clear_failed_jobs",
-        "title": "Clear failed jobs",
-        "description": "Delete failed job records in one scope: everything you may see, a project, or a provider "
-        "queue (project_id and provider_id are mutually exclusive). Album outputs are kept.",
-        "inputSchema": {"type": "object", "properties": SCOPE_PROPERTIES},
-        "annotations": {"destructiveHint": True},
-    },
-    {
-        "name": "retry_failed_jobs",
-        "title": "Retry failed jobs",
-        "description": "Put failed jobs in one scope back in the queue.",
-        "inputSchema": {"type": "object", "properties": SCOPE_PROPERTIES},
-    },
-    {
-        "name": "create_drafts",
-        "title": "Create drafts",
-        "description": "Create `quantity` drafts of one prompt in a project (output settings optional); with "
-        "per_line: true, `quantity` drafts of each non-blank line of the prompt.",
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "project_id": {"type": "integer"},
-                "prompt": {"type": "string"},
-                "quantity": {"type": "integer", "minimum": 1, "maximum": services.MAX_DRAFTS_PER_REQUEST, "default": 1},
-                "per_line": {"type": "boolean", "default": False, "description": "one draft per non-blank line"},
-                "provider_id": {"type": "integer", "description": "this draft's provider (default: the project's)"},
-                "references": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "maxItems": references.MAX_REFERENCES,
-                    "description": "reference images: ref:<sha256>, album:<id>, a data: URI or an https URL",
-                },
-                "settings": {"type": "object", "description": "model, aspect_ratio, quality, resolution, format, duration"},
-            },
-            "required": ["project_id", "prompt"],
-        },
-    },
-    {
-        "name": "start_jobs",
-        "title": "Start jobs",
-        "description": "Start selected drafts (job_ids) or all drafts of a project (all_drafts: true).",
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "project_id": {"type": "integer"},
-                "job_ids": {"type": "array", "items": {"type": "string"}},
-                "all_drafts": {"type": "boolean"},
-            },
-            "required": ["project_id"],
-        },
-    },
-    {
-        "name": "cancel_jobs",
-        "title": "Cancel jobs",
-        "description": 'Cancel pending or processing jobs (job_ids): each fails at once with reason "cancelled"; '
-        "a running call's result is discarded and a remote task is cancelled at the provider where its API can. "
-        "Drafts and finished jobs are skipped. Cancelled jobs can be retried or cleared like failed ones.",
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "job_ids": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "minItems": 1,
-                    "maxItems": services.MAX_DRAFTS_PER_REQUEST,
-                }
-            },
-            "required": ["job_ids"],
-        },
-        "annotations": {"destructiveHint": True, "idempotentHint": True},
-    },
-]
+# The tools as MCP lists them. Another module may append a tool here (a dict with
+# inputSchema) with its handler in HANDLERS (user, arguments dict) -> dict.
+TOOLS = [tool.describe() for tool in mcp_tools.TOOLS]
+HANDLERS = {}
 
 
 class RpcError(Exception):
@@ -130,123 +52,247 @@ class RpcError(Exception):
         self.message = message
 
 
-def tool_get_queue_status(user, args: dict) -> dict:
-    breakdown = args.get("breakdown") or "none"
-    if breakdown not in api.BREAKDOWNS:
-        raise services.ServiceError("breakdown must be none, projects, providers or all")
-    limit = args.get("limit")
-    limit = api.whole_number(limit, "limit", low=1, high=1000) if limit is not None else None
-    return selectors.queue_status(user=user, breakdown=breakdown, limit=limit)
+def tool_result(structured: dict, extra_content=()) -> dict:
+    return {
+        "content": [{"type": "text", "text": json.dumps(structured)}, *extra_content],
+        "structuredContent": structured,
+        "isError": False,
+    }
 
 
-def tool_clear_failed_jobs(user, args: dict) -> dict:
-    return api.act_on_failed(user, args, action="clear")
+def tool_refusal(refusal: services.ServiceError) -> dict:
+    # A tool's refusal is a result the model can read, not a protocol error; the HTTP
+    # status it would have on the JSON API (404, 409, 422…) is kept in the text.
+    text = refusal.message if refusal.code == 400 else f"{refusal.message} ({refusal.code})"
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
-def tool_retry_failed_jobs(user, args: dict) -> dict:
-    return api.act_on_failed(user, args, action="retry")
-
-
-def tool_create_drafts(user, args: dict) -> dict:
-    project = api.visible_project(user, args.get("project_id"))
-    payload, _ = api.drafts_create(user, project, args)
-    return payload
-
-
-def tool_start_jobs(user, args: dict) -> dict:
-    project = api.visible_project(user, args.get("project_id"))
-    job_ids = api.uuid_list(args["job_ids"]) if args.get("job_ids") else None
-    all_drafts = bool(args.get("all_drafts"))
-    if not job_ids and not all_drafts:
-        raise services.ServiceError("give job_ids or all_drafts: true")
-    return services.jobs_start(user=project.owner, project=project, job_ids=job_ids, all_drafts=all_drafts)
-
-
-def tool_cancel_jobs(user, args: dict) -> dict:
-    return api.jobs_cancel(user, api.uuid_list(args.get("job_ids")))
-
-
-HANDLERS = {
-    "get_queue_status": tool_get_queue_status,
-    "clear_failed_jobs": tool_clear_failed_jobs,
-    "retry_failed_jobs": tool_retry_failed_jobs,
-    "create_drafts": tool_create_drafts,
-    "start_jobs": tool_start_jobs,
-    "cancel_jobs": tool_cancel_jobs,
-}
-
-
-def call_tool(user, params: dict) -> dict:
+def call_tool(request, user, params: dict) -> dict:
     name = params.get("name")
-    args = params.get("arguments") or {}
-    if name not in HANDLERS:
-        raise RpcError(-32602, f"unknown tool: {name}")
+    args = params.get("arguments")
+    args = {} if args is None else args
+    if not isinstance(name, str) or (name not in mcp_tools.BY_NAME and name not in HANDLERS):
+        raise RpcError(INVALID_PARAMS, f"unknown tool: {str(name)[:100]}")
     if not isinstance(args, dict):
-        raise RpcError(-32602, "arguments must be an object")
+        raise RpcError(INVALID_PARAMS, "arguments must be an object")
+    ctx = mcp_tools.Context(user=user, base_url=f"{request.scheme}://{request.get_host()}")
     try:
-        result = HANDLERS[name](user, args)
+        if name in mcp_tools.BY_NAME:
+            structured = mcp_tools.call(mcp_tools.BY_NAME[name], ctx, args)
+        else:
+            structured = json.loads(json.dumps(HANDLERS[name](user, args), cls=DjangoJSONEncoder))
     except services.ServiceError as refusal:
-        # A tool's refusal is a result the model can read, not a protocol error.
-        return {"content": [{"type": "text", "text": refusal.message}], "isError": True}
-    structured = json.loads(json.dumps(result, cls=DjangoJSONEncoder))
+        return tool_refusal(refusal)
     log.info("mcp tool %s called by user %s", name, user.pk)
-    return {"content": [{"type": "text", "text": json.dumps(structured)}], "structuredContent": structured, "isError": False}
+    return tool_result(structured, ctx.extra_content)
 
 
-def handle(user, message: dict):
-    """The result of one JSON-RPC request (None for a notification)."""
-    method = message.get("method")
-    params = message.get("params") or {}
+def handle(request, user, message: dict):
+    """The result of one JSON-RPC request."""
+    method = message["method"]
+    params = message.get("params", {})
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_PARAMS, "params must be an object")
     if method == "initialize":
         asked = params.get("protocolVersion")
         return {
             "protocolVersion": asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0],
             "capabilities": {"tools": {"listChanged": False}},
             "serverInfo": SERVER_INFO,
-            "instructions": "Tools to watch and operate the Remix Studio generation queue.",
+            "instructions": "Tools to operate the Remix Studio generation queue: find projects, providers and jobs; "
+            "create drafts, start, retry and clear jobs; pause, resume and size providers.",
         }
     if method == "ping":
         return {}
     if method == "tools/list":
         return {"tools": TOOLS}
     if method == "tools/call":
-        return call_tool(user, params)
-    raise RpcError(-32601, f"method not found: {method}")
+        return call_tool(request, user, params)
+    raise RpcError(METHOD_NOT_FOUND, f"method not found: {method[:100]}")
 
 
 def rpc_error(request_id, code: int, message: str) -> dict:
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
 
 
+def refuse(status: int, code: int, message: str, request_id=None) -> JsonResponse:
+    return JsonResponse(rpc_error(request_id, code, message), status=status)
+
+
+def accepted() -> HttpResponse:
+    response = HttpResponse(status=202)
+    del response["Content-Type"]  # no body, so no type (never text/html)
+    return response
+
+
+def resource_metadata_url(request) -> str:
+    return f"{request.scheme}://{request.get_host()}/.well-known/oauth-protected-resource"
+
+
+def origin_allowed(request) -> bool:
+    origin = request.headers.get("Origin")
+    if not origin:
+        return True  # not a browser: DNS rebinding needs one
+    allowed = set(getattr(settings, "MCP_ALLOWED_ORIGINS", ()))
+    if origin in allowed:
+        return True
+    parts = urlsplit(origin)
+    return bool(parts.netloc) and parts.netloc == request.get_host() and parts.scheme in ("http", "https")
+
+
+def classify(item) -> str:
+    """request | notification | response | invalid"""
+    if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
+        return "invalid"
+    if "method" in item:
+        if not isinstance(item["method"], str):
+            return "invalid"
+        if "id" not in item:
+            return "notification"
+        return "request" if isinstance(item["id"], str | int) and not isinstance(item["id"], bool) else "invalid"
+    if "id" in item and ("result" in item) != ("error" in item):
+        return "response"
+    return "invalid"
+
+
+def read_message(request):
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limits.REQUEST_BYTES:
+        raise schemas.SchemaError(f"the message is {declared} bytes; the limit is {limits.REQUEST_BYTES}", 413)
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise schemas.SchemaError(f"the message is larger than {limits.REQUEST_BYTES} bytes", 413) from None
+    return schemas.parse_json(raw)
+
+
 @csrf_exempt
 def mcp_view(request):
+    if not origin_allowed(request):
+        return refuse(403, INVALID_REQUEST, "origin not allowed")
     if request.method != "POST":
-        response = HttpResponse(status=405)
+        response = refuse(405, INVALID_REQUEST, f"method {request.method} not allowed: POST JSON-RPC messages")
         response["Allow"] = "POST"
         return response
+    version = request.headers.get("MCP-Protocol-Version")
+    if version is not None and version not in PROTOCOL_VERSIONS:
+        return refuse(400, INVALID_REQUEST, f"unsupported MCP-Protocol-Version; supported: {', '.join(PROTOCOL_VERSIONS)}")
     user = tokens.user_for_token(tokens.bearer(request) or "")
     if user is None:
-        response = JsonResponse(rpc_error(None, -32001, "authentication required: Authorization: Bearer <API token>"), status=401)
-        response["WWW-Authenticate"] = 'Bearer realm="mcp"'
+        response = refuse(401, -32001, "authentication required: Authorization: Bearer <API token>")
+        response["WWW-Authenticate"] = f'Bearer realm="mcp", resource_metadata="{resource_metadata_url(request)}"'
         return response
     try:
-        message = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError):
-        return JsonResponse(rpc_error(None, -32700, "parse error"), status=400)
+        message = read_message(request)
+    except schemas.SchemaError as error:
+        return refuse(error.code, PARSE_ERROR if error.code == 400 else INVALID_REQUEST, error.message)
+    if wants_watch(request, message):
+        return start_and_watch(request, user, message)
     batch = isinstance(message, list)
+    if batch and not message:
+        return refuse(400, INVALID_REQUEST, "an empty batch is not a request")
     replies = []
     for item in message if batch else [message]:
-        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0" or not isinstance(item.get("method"), str):
-            replies.append(rpc_error(item.get("id") if isinstance(item, dict) else None, -32600, "invalid request"))
+        kind = classify(item)
+        if kind == "invalid":
+            request_id = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str | int) else None
+            replies.append(rpc_error(request_id, INVALID_REQUEST, "invalid request"))
             continue
-        is_notification = "id" not in item
+        if kind == "response":
+            continue  # we send no requests, so there is nothing to match; accepted
         try:
-            result = handle(user, item)
-            if not is_notification:
+            result = handle(request, user, item)
+            if kind == "request":
                 replies.append({"jsonrpc": "2.0", "id": item["id"], "result": result})
         except RpcError as failure:
-            if not is_notification:
+            if kind == "request":
                 replies.append(rpc_error(item["id"], failure.code, failure.message))
+        except Exception:
+            log.exception("mcp %s failed", item["method"][:100])
+            if kind == "request":
+                replies.append(rpc_error(item["id"], INTERNAL_ERROR, "internal error"))
     if not replies:
-        return HttpResponse(status=202)  # notifications only
+        return accepted()  # notifications and responses only
     return JsonResponse(replies if batch else replies[0], safe=False, encoder=DjangoJSONEncoder)
+
+
+# --- start_jobs with wait: progress over SSE until the jobs finish ------------------------
+
+WATCH_INTERVAL = 1.0
+FINISHED = ("completed", "failed")
+
+
+def wants_watch(request, message) -> bool:
+    if classify(message) != "request" or message["method"] != "tools/call":
+        return False
+    params = message.get("params")
+    if not isinstance(params, dict) or params.get("name") != "start_jobs":
+        return False
+    arguments = params.get("arguments")
+    accepts = request.headers.get("Accept", "")
+    return isinstance(arguments, dict) and arguments.get("wait") is True and "text/event-stream" in accepts
+
+
+def sse(message: dict) -> str:
+    return f"event: message\ndata: {json.dumps(message, cls=DjangoJSONEncoder)}\n\n"
+
+
+def start_and_watch(request, user, message):
+    """Start the jobs now; then answer with an SSE stream: a progress notification each
+    time a started job finishes (when the request carries a progressToken), and the
+    tool's result last, with the jobs per status and whether the wait timed out."""
+    try:
+        result = handle(request, user, message)
+    except RpcError as failure:
+        return JsonResponse(rpc_error(message["id"], failure.code, failure.message))
+    if result["isError"]:
+        return JsonResponse({"jsonrpc": "2.0", "id": message["id"], "result": result})
+    params = message["params"]
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    token = meta.get("progressToken")
+    token = token if isinstance(token, str | int) and not isinstance(token, bool) else None
+    seconds = params["arguments"].get("wait_seconds", 120)
+    stream = watch(message["id"], result["structuredContent"], token, seconds)
+    response = StreamingHttpResponse(stream, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+async def watch(request_id, started: dict, token, seconds: float):
+    job_ids = started["started"]
+    total = len(job_ids)
+    deadline = time.monotonic() + seconds
+    last = None
+    while True:
+        counts = await sync_to_async(selectors.jobs_by_status)(job_ids)
+        done = sum(counts.get(status, 0) for status in FINISHED)
+        if token is not None and done != last:
+            text = f"{done} of {total} finished ({counts.get('failed', 0)} failed)"
+            progress = {"progressToken": token, "progress": done, "total": total, "message": text}
+            yield sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
+            last = done
+        if done >= total or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(WATCH_INTERVAL)
+    structured = {**started, "finished": counts, "timed_out": done < total}
+    yield sse({"jsonrpc": "2.0", "id": request_id, "result": tool_result(structured)})
+
+
+def protected_resource_metadata(request):
+    """RFC 9728: what protects /mcp. A personal API token (made on the account page),
+    sent as a Bearer header; no OAuth authorization server."""
+    base = f"{request.scheme}://{request.get_host()}"
+    response = JsonResponse(
+        {
+            "resource": f"{base}/mcp",
+            "authorization_servers": [],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "Remix Studio Queue",
+            "resource_documentation": f"{base}/account/",
+        }
+    )
+    response["Access-Control-Allow-Origin"] = "*"
+    return response

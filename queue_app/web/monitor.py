@@ -20,7 +20,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, services
+from queue_app import limits, selectors, services
 from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
 
@@ -148,6 +148,7 @@ def monitor_context(request) -> dict:
         "here": request.get_full_path().replace("fragment=1", "").rstrip("?&") or "/queue/",
         "refresh_seconds": REFRESH_SECONDS,
         "now": now,
+        "concurrency_limit": limits.CONCURRENCY,
     }
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import album_pages, api, api_drafts, cancel, drafts, job_page, mcp, monitor, pages
+from queue_app.web import album_pages, api, api_drafts, cancel, drafts, job_page, mcp, monitor, openapi, pages
 
 urlpatterns = [
     # pages
@@ -44,6 +44,9 @@ urlpatterns = [
     path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
     path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
     path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
+    path("api/openapi.json", openapi.openapi_view, name="api_openapi"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),
+    path(".well-known/oauth-protected-resource", mcp.protected_resource_metadata, name="mcp_resource_metadata"),
+    path(".well-known/oauth-protected-resource/mcp", mcp.protected_resource_metadata),
 ]

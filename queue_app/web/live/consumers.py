@@ -16,6 +16,7 @@ A client that reconnects passes `?after=<last seq it saw>` (or sends
 rows are gone (pruned after a day) or too many, and then reloads its state.
 """
 
+import json
 import logging
 from urllib.parse import parse_qs
 
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 
 MAX_REPLAY = 500
 REFUSED = 4403
+MAX_FRAME_CHARS = 4096  # a client sends ping and resume frames only
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 def can_subscribe(user, project_id: int) -> bool:
@@ -78,6 +84,18 @@ class ProjectConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
             relay.unsubscribe(self.project_id)
             self.project_id = None
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """A frame that is not a small JSON text (binary, garbage, NaN, deep nesting) is
+        answered with an error message; it never closes the socket with 1011."""
+        try:
+            if text_data is None or len(text_data) > MAX_FRAME_CHARS:
+                raise ValueError("not a text frame")
+            content = json.loads(text_data, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            await self.send_json({"type": "error", "error": f"frames are JSON objects of at most {MAX_FRAME_CHARS} characters"})
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):

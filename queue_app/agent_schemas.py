@@ -1,0 +1,140 @@
+"""The MCP tools' own schemas: lists, lookups and the results agents read, beside the
+operation schemas they share with the JSON API (`queue_app.schemas`). Bounds come from
+`queue_app.limits`."""
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, StrictBool, StrictInt
+
+from queue_app import limits, selectors
+from queue_app.schemas import (
+    CancelJobs,
+    Cursor,
+    IdempotencyKey,
+    JobId,
+    Output,
+    PageLimit,
+    ProjectId,
+    ProviderId,
+    QueueStatusQuery,
+    RetryJobs,
+    Schema,
+)
+
+
+class QueueStatusArgs(QueueStatusQuery):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class ListArgs(Schema):
+    cursor: Cursor | None = Field(None, description="nextCursor of the previous page; omit for the first page")
+    limit: PageLimit = 50
+
+
+class ListJobsArgs(ListArgs):
+    project_id: ProjectId | None = Field(None, description="only this project's jobs")
+    provider_id: ProviderId | None = Field(None, description="only jobs in this provider's queue")
+    status: Literal[selectors.JOB_FILTER_STATES] = Field(  # type: ignore[valid-type]
+        "active", description="active = pending, processing and failed; or one derived state, a status, or all"
+    )
+
+
+class ProjectArgs(Schema):
+    project_id: ProjectId
+
+
+class ProviderArgs(Schema):
+    provider_id: ProviderId
+
+
+class SetConcurrencyArgs(ProviderArgs):
+    concurrency: StrictInt = Field(
+        ge=limits.CONCURRENCY.low, le=limits.CONCURRENCY.high, description="parallel provider calls of this provider record"
+    )
+
+
+class JobArgs(Schema):
+    job_id: JobId
+    include_images: StrictBool = Field(False, description="also return image outputs as image content (small ones, at most 4)")
+
+
+class CancelJobsArgs(CancelJobs):
+    idempotency_key: IdempotencyKey | None = Field(
+        None,
+        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
+        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
+    )
+
+
+class RetryJobsArgs(RetryJobs):
+    idempotency_key: IdempotencyKey | None = Field(
+        None,
+        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
+        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
+    )
+
+
+class QueueStatusOut(Output):
+    totals: dict = Field(description="pending, processing, failed, queued, waiting, running, stalled, detached, slots")
+
+
+class ProjectOut(Output):
+    id: int
+    name: str
+    kind: str
+    provider_id: int | None
+    model: str
+
+
+class ProjectPage(Output):
+    projects: list[ProjectOut]
+    nextCursor: str | None = Field(None, description="pass as cursor for the next page; absent on the last")
+
+
+class ProjectDetail(ProjectOut):
+    jobs: dict[str, int] = Field(description="job counts per status")
+
+
+class ProviderOut(Output):
+    id: int
+    name: str
+    family: str
+    paused: bool
+    concurrency: int
+    active_slots: int = Field(description="jobs holding a slot now")
+
+
+class ProviderPage(Output):
+    providers: list[ProviderOut]
+    nextCursor: str | None = None
+
+
+class JobOut(Output):
+    id: str
+    project_id: int
+    status: str = Field(description="draft, pending, processing, completed or failed")
+    state: str = Field(description="derived state: waiting, queued, running, stalled, detached, or the status")
+    waiting_reason: str
+    error: str
+
+
+class JobPage(Output):
+    jobs: list[JobOut]
+    total: int
+    nextCursor: str | None = None
+
+
+class OutputLink(Output):
+    id: int
+    index: int
+    role: str
+    kind: str
+    content_type: str
+    url: str | None = Field(None, description="the file (for the signed-in owner)")
+    text: str | None = None
+
+
+class JobDetail(JobOut):
+    resolved: dict | None = Field(description="the settings the job was claimed with (null until it first ran)")
+    attempt_log: list[dict]
+    outputs: list[OutputLink]

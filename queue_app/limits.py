@@ -1,0 +1,156 @@
+"""Every bounded value of the app, declared once (issue 18 §2).
+
+The model fields' validators, the database check constraints, the forms and the admin
+(both through the model validators), the JSON API and the MCP tools (through the
+operation schemas in `queue_app.schemas`) all read these numbers: change one here and
+every door moves together. `check_json` is the one walk that bounds free-form JSON
+(params, workflows) by size and nesting depth.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+from django.core.exceptions import ValidationError
+
+
+@dataclass(frozen=True)
+class Range:
+    low: int | float
+    high: int | float
+    label: str
+
+    def message(self) -> str:
+        kind = "number" if isinstance(self.low, float) else "whole number"
+        return f"{self.label} must be a {kind} from {self.low} to {self.high}"
+
+    def contains(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if isinstance(value, float) and (not math.isfinite(value) or isinstance(self.low, int)):
+            return False
+        return self.low <= value <= self.high
+
+    def validator(self):
+        """A Django field validator (deconstructible, so migrations can record it)."""
+        return RangeValidator(self.low, self.high, self.label)
+
+
+class RangeValidator:
+    def __init__(self, low, high, label):
+        self.low, self.high, self.label = low, high, label
+
+    def __call__(self, value):
+        if value is not None and not Range(self.low, self.high, self.label).contains(value):
+            raise ValidationError(Range(self.low, self.high, self.label).message(), code="limit")
+
+    def deconstruct(self):
+        return ("queue_app.limits.RangeValidator", (self.low, self.high, self.label), {})
+
+    def __eq__(self, other):
+        return isinstance(other, RangeValidator) and (self.low, self.high, self.label) == (other.low, other.high, other.label)
+
+
+# --- Providers ----------------------------------------------------------------------------
+# Concurrency: parallel provider calls per provider record. Dispatch's cost follows the
+# jobs it claims, never this number; the bound keeps a typo from meaning "unlimited".
+CONCURRENCY = Range(1, 1000, "concurrency")
+MAX_ATTEMPTS = Range(1, 20, "max_attempts")
+
+# Demo provider options (`Provider.options` of a demo record).
+DEMO_LAYERS = Range(1, 16, "layers")  # the adapters' MAX_LAYERS: one composite and at most 16 layers
+DEMO_LATENCY_MS = Range(0, 600_000, "latency_ms")
+DEMO_FAIL_RATE = Range(0.0, 1.0, "fail_rate")
+DEMO_RETRY_AFTER = Range(0, 3600, "retry_after")
+
+# --- Drafts -------------------------------------------------------------------------------
+QUANTITY = Range(1, 500, "quantity")  # drafts per request
+PROMPT_CHARS = 32_000
+DURATION = Range(1, 600, "duration")
+MODEL_CHARS = 200
+OPTION_CHARS = 30  # aspect_ratio, quality, resolution, format, background, sound
+PARAMS_BYTES = 16 * 1024
+PARAMS_DEPTH = 8
+REFERENCES = 16  # references per draft
+REFERENCE_CHARS = 2048  # one reference given as a URL
+REFERENCE_BYTES = 20 * 1024 * 1024  # one reference image (an upload, or a data: URI the API stores)
+JOB_IDS = 500  # job ids per start / retry request
+
+# --- ComfyUI ------------------------------------------------------------------------------
+WORKFLOW_BYTES = 2 * 1024 * 1024
+WORKFLOW_DEPTH = 12
+WORKFLOW_NODES = 2000
+
+# --- Requests -----------------------------------------------------------------------------
+REQUEST_BYTES = 1024 * 1024  # a JSON API or MCP body
+JSON_DEPTH = 32  # any JSON body
+PAGE_SIZE = 200  # list endpoints and MCP list tools
+
+
+def check_json(value, *, label: str, max_bytes: int, max_depth: int) -> None:
+    """Refuse JSON that is too deep, too big or not plain JSON (NaN, Infinity, lone
+    surrogates). Iterative, so a hostile depth cannot exhaust the Python stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise ValidationError(f"{label} is nested more than {max_depth} levels deep", code="limit")
+        if isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                raise ValidationError(f"{label} keys must be text", code="limit")
+            stack.extend((child, depth + 1) for child in item.values())
+            stack.extend((key, depth + 1) for key in item)
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValidationError(f"{label} holds NaN or Infinity, which JSON does not allow", code="limit")
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValidationError(f"{label} holds text that is not valid Unicode", code="limit") from None
+        elif item is not None and not isinstance(item, bool | int | float):
+            raise ValidationError(f"{label} holds a value JSON cannot carry", code="limit")
+    size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+    if size > max_bytes:
+        raise ValidationError(f"{label} is {size} bytes; the limit is {max_bytes}", code="limit")
+
+
+def check_params(value) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError("params must be an object", code="limit")
+    check_json(value, label="params", max_bytes=PARAMS_BYTES, max_depth=PARAMS_DEPTH)
+    if "layers" in value and not DEMO_LAYERS.contains(value["layers"]):
+        raise ValidationError(DEMO_LAYERS.message(), code="limit")
+
+
+def check_references(value) -> None:
+    if not isinstance(value, list) or len(value) > REFERENCES:
+        raise ValidationError(f"references must be a list of at most {REFERENCES} items", code="limit")
+    if not all(isinstance(item, str) and 0 < len(item) <= REFERENCE_CHARS for item in value):
+        raise ValidationError(f"each reference must be text of 1 to {REFERENCE_CHARS} characters", code="limit")
+
+
+DEMO_OPTIONS = {
+    "layers": DEMO_LAYERS,
+    "latency_ms": DEMO_LATENCY_MS,
+    "fail_rate": DEMO_FAIL_RATE,
+    "retry_after": DEMO_RETRY_AFTER,
+}
+
+
+def check_provider_options(value) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError("options must be an object", code="limit")
+    check_json(value, label="options", max_bytes=PARAMS_BYTES, max_depth=PARAMS_DEPTH)
+    for key, bound in DEMO_OPTIONS.items():
+        if key in value and not bound.contains(value[key]):
+            raise ValidationError(bound.message(), code="limit")
+
+
+def check_workflow(value) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError("the workflow must be a JSON object of nodes", code="limit")
+    if len(value) > WORKFLOW_NODES:
+        raise ValidationError(f"the workflow has {len(value)} nodes; the limit is {WORKFLOW_NODES}", code="limit")
+    check_json(value, label="the workflow", max_bytes=WORKFLOW_BYTES, max_depth=WORKFLOW_DEPTH)
