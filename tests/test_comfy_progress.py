@@ -115,5 +115,6 @@ def test_the_job_row_job_page_and_monitor_show_the_progress_bar(owner, fake, inl
     client.force_login(owner)
     row = client.get(f"/projects/{project.id}/?fragment=1").content.decode()
     assert 'style="width:40%"' in row and "data-progress-label>40%" in row
-    assert '<progress max="100" value="40"' in client.get(f"/jobs/{job.id}/").content.decode()
+    page = client.get(f"/jobs/{job.id}/").content.decode()
+    assert 'style="width:40%"' in page and "data-progress-label>40%" in page
     assert '<progress max="100" value="40"' in client.get("/queue/").content.decode()
