@@ -5,6 +5,7 @@ from django import forms
 from django.contrib import admin, messages
 
 from queue_app import services
+from queue_app.forms import ProviderUrlMixin
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
@@ -21,13 +22,13 @@ from queue_app.models import (
     PushSubscription,
     Status,
 )
-from queue_app.providers import crypto, net
+from queue_app.providers import crypto
 
 admin.site.site_header = "Remix Studio Queue"
 admin.site.index_template = "admin/queue_index.html"
 
 
-class ProviderForm(forms.ModelForm):
+class ProviderForm(ProviderUrlMixin, forms.ModelForm):
     """The key fields are write-only: blank keeps the stored value, and the form shows
     at most the last four characters."""
 
@@ -55,14 +56,11 @@ class ProviderForm(forms.ModelForm):
             self.fields["api_key"].help_text = f"stored: {crypto.hint(self.instance.api_key) or 'none'} — leave blank to keep"
             self.fields["api_secret"].help_text = "leave blank to keep"
 
-    def clean_base_url(self):
-        url = self.cleaned_data.get("base_url")
-        if url:
-            try:
-                return net.validate_base_url(url)
-            except ValueError as error:
-                raise forms.ValidationError(str(error)) from None
-        return url
+    def clean_concurrency(self):
+        try:
+            return services.concurrency_checked(self.cleaned_data.get("concurrency"))
+        except services.ServiceError as error:
+            raise forms.ValidationError(error.message) from None
 
     def save(self, commit=True):
         provider = super().save(commit=False)

@@ -176,7 +176,8 @@ def test_provider_pause_resume_and_concurrency(api, provider):
     assert body == {**body, "paused": False, "concurrency": 5}
     assert post(api, f"/api/providers/{provider.id}", {"concurrency": 0}).status_code == 400
     assert post(api, f"/api/providers/{provider.id}", {}).status_code == 400
-    assert api.get(f"/api/providers/{provider.id}").status_code == 405
+    assert api.get(f"/api/providers/{provider.id}").json()["concurrency"] == 5  # GET reads it (issue 12)
+    assert api.put(f"/api/providers/{provider.id}").status_code == 405
 
 
 # --- foreign ids ---

@@ -71,7 +71,7 @@ def endpoint(*methods):
                 return refused
             request.user = user
             body = {}
-            if request.method == "POST" and request.body:
+            if request.method in ("POST", "PATCH") and request.body:
                 try:
                     body = json.loads(request.body)
                 except (ValueError, UnicodeDecodeError):

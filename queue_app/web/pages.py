@@ -12,8 +12,7 @@ from django.views.decorators.http import require_POST
 
 from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
-from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
-from queue_app.providers import crypto, net
+from queue_app.models import AlbumItem, ApiToken, Job, Kind, Project, Status
 from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files, tokens
 
@@ -28,19 +27,6 @@ def own(model, user, **lookup):
         raise Http404("not found")  # an id no database column can hold
     queryset = model.objects.all() if user.is_staff else model.objects.filter(owner=user)
     return get_object_or_404(queryset, **lookup)
-
-
-@login_required
-def project_list(request):
-    projects = list(Project.objects.filter(owner=request.user).select_related("provider"))
-    counts = {}
-    for project_id, job_status, n in (
-        Job.objects.filter(project__in=projects).values_list("project_id", "status").annotate(n=Count("id")).order_by()
-    ):
-        counts.setdefault(project_id, {})[job_status] = n
-    for project in projects:
-        project.counts = counts.get(project.id, {})
-    return render(request, "queue_app/project_list.html", {"projects": projects})
 
 
 # --- Project page -----------------------------------------------------------------------
@@ -106,7 +92,12 @@ def project_context(request, project: Project) -> dict:
     queue = [selectors.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
     groups, album_total = album_groups(project)
     chosen_model = request.GET.get("model") or project.model
+    storage = selectors.storage_summary(project.owner, project=project)
     return {
+        "storage": storage,
+        # the quantity field offers no more than a start could take now (drafts cost nothing,
+        # but a batch that can never start is a trap)
+        "quantity_max": max(1, min(services.MAX_DRAFTS_PER_REQUEST, storage["fits_now"])),
         "project": project,
         "counts": counts,
         "drafts": drafts,
@@ -264,45 +255,6 @@ def job_detail(request, job_id):
 
 
 # --- Providers --------------------------------------------------------------------------
-
-
-@login_required
-def provider_list(request):
-    providers = Provider.objects.filter(owner=request.user)
-    return render(request, "queue_app/provider_list.html", {"providers": providers, "families": Family.choices})
-
-
-class ProviderEditForm(forms.ModelForm):
-    api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False))
-
-    class Meta:
-        model = Provider
-        fields = ["name", "family", "base_url", "concurrency", "max_attempts", "paused"]
-
-    def clean_base_url(self):
-        url = self.cleaned_data.get("base_url")
-        if url:
-            try:
-                return net.validate_base_url(url)
-            except ValueError as error:
-                raise forms.ValidationError(str(error)) from None
-        return url
-
-
-@login_required
-def provider_edit(request, provider_id=None):
-    provider = own(Provider, request.user, id=provider_id) if provider_id else Provider(owner=request.user)
-    form = ProviderEditForm(request.POST or None, instance=provider)
-    if request.method == "POST" and form.is_valid():
-        obj = form.save(commit=False)
-        if form.cleaned_data.get("api_key"):
-            obj.api_key = form.cleaned_data["api_key"]
-        obj.save()
-        messages.success(request, "provider saved")
-        return redirect("provider_list")
-    return render(
-        request, "queue_app/provider_edit.html", {"form": form, "provider": provider, "key_hint": crypto.hint(provider.api_key)}
-    )
 
 
 @login_required
