@@ -310,3 +310,27 @@ def test_the_admin_form_shares_the_url_rule_and_the_concurrency_limit(owner):
     assert "at least 1" in str(form.errors["concurrency"])
     form = AdminProviderForm(data={**data, "concurrency": 2, "api_key": "sk-other-000000000"}, instance=provider)
     assert form.is_valid(), form.errors
+
+
+def test_a_comfyui_password_never_follows_a_new_address_silently(owner):
+    from comfy_app import services as comfy_services
+    from comfy_app.models import ComfyInstance
+
+    project = make_project(owner, name="Comfy", kind="comfyui")
+    save = dict(user=owner, project=project, workflow_json="", bindings="")
+    comfy_services.comfy_settings_save(**save, base_url="https://comfy.example.com", password="s3cret-pass")
+    with pytest.raises(services.ServiceError, match="enter the password again"):
+        comfy_services.comfy_settings_save(**save, base_url="https://elsewhere.example.com")
+    assert ComfyInstance.objects.get(project=project).base_url == "https://comfy.example.com"
+    comfy_services.comfy_settings_save(**save, base_url="https://elsewhere.example.com", password="s3cret-pass")
+    assert ComfyInstance.objects.get(project=project).base_url == "https://elsewhere.example.com"
+
+
+def test_plain_staff_cannot_change_another_users_comfyui_address(owner, plain_staff):
+    from comfy_app import services as comfy_services
+
+    project = make_project(owner, name="Comfy", kind="comfyui")
+    with pytest.raises(services.ServiceError, match="belongs to another user"):
+        comfy_services.comfy_settings_save(
+            user=plain_staff, project=project, workflow_json="", bindings="", base_url="https://x.example.com"
+        )
