@@ -97,15 +97,21 @@ class ProviderAdmin(admin.ModelAdmin):
             services.provider_set_paused(user=request.user, provider_id=provider.id, paused=False)
 
     def save_model(self, request, obj, form, change):
-        # Concurrency goes through the service so raising it dispatches at once.
-        if change and "concurrency" in form.changed_data:
-            new = obj.concurrency
-            obj.concurrency = Provider.objects.get(pk=obj.pk).concurrency
-            super().save_model(request, obj, form, change)
-            services.provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=new)
-            obj.concurrency = new
-        else:
-            super().save_model(request, obj, form, change)
+        # Concurrency and pause go through their services so raising the one or resuming
+        # dispatches at once (the queue service's timer would otherwise be the only net).
+        through_services = [name for name in ("concurrency", "paused") if change and name in form.changed_data]
+        wanted = {name: getattr(obj, name) for name in through_services}
+        if through_services:
+            stored = Provider.objects.get(pk=obj.pk)
+            for name in through_services:
+                setattr(obj, name, getattr(stored, name))
+        super().save_model(request, obj, form, change)
+        if "concurrency" in wanted:
+            services.provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=wanted["concurrency"])
+        if "paused" in wanted:
+            services.provider_set_paused(user=request.user, provider_id=obj.pk, paused=wanted["paused"])
+        for name, value in wanted.items():
+            setattr(obj, name, value)
 
 
 @admin.register(Project)

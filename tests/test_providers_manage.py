@@ -334,3 +334,27 @@ def test_plain_staff_cannot_change_another_users_comfyui_address(owner, plain_st
         comfy_services.comfy_settings_save(
             user=plain_staff, project=project, workflow_json="", bindings="", base_url="https://x.example.com"
         )
+
+
+def test_resuming_in_the_admin_dispatches_at_once(client, staff, owner, inline_tasks):
+    provider = make_provider(owner, concurrency=2)
+    Provider.objects.filter(id=provider.id).update(paused=True)
+    project = make_project(owner, provider)
+    make_drafts(project, 2)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    client.force_login(staff)
+    form = {
+        "owner": owner.id,
+        "name": "Demo",
+        "family": "demo",
+        "base_url": "",
+        "options": '{"latency_ms": 0}',
+        "concurrency": 2,
+        "max_attempts": 4,
+        "model_aliases": "{}",
+        "cooldown_until_0": "",
+        "cooldown_until_1": "",
+    }
+    response = client.post(f"/admin/queue_app/provider/{provider.id}/change/", form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Job.objects.filter(status=Status.PROCESSING).count() == 2
