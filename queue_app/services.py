@@ -22,6 +22,7 @@ MAX_PROMPT_CHARS = 32000
 # through `concurrency_checked`): dispatch work must never grow with a typed number.
 MAX_CONCURRENCY = 1000
 MAX_ATTEMPTS_LIMIT = 20
+MIB = 1024 * 1024  # storage is shown in MB of 2^20 bytes, as JOB_STORAGE_ESTIMATE_BYTES counts them
 
 
 class ServiceError(Exception):
@@ -113,8 +114,8 @@ def storage_check(*, user, starting: int) -> None:
         fits = max(0, (limit - used - pending * per_job) // per_job)
         raise ServiceError(
             f"Storage limit exceeded: {fits} of these {starting} job(s) fit now. "
-            f"The album uses {used / 1e6:.1f} MB of {limit / 1e6:.0f} MB, and every pending job reserves "
-            f"{per_job / 1e6:.0f} MB ({pending + starting} pending would need ~{needed / 1e6:.0f} MB). "
+            f"The album uses {used / MIB:.1f} MB of {limit / MIB:.0f} MB, and every pending job reserves "
+            f"{per_job / MIB:.0f} MB ({pending + starting} pending would need ~{needed / MIB:.0f} MB). "
             "Free space by deleting album items or projects, or ask an administrator to raise your limit "
             "(Admin → Account settings, per user).",
             403,

@@ -90,7 +90,7 @@ def test_archived_projects_leave_the_list_and_come_back(signed_in, owner, projec
 
 def test_delete_asks_with_counts_then_removes_jobs_album_and_files(signed_in, owner, project):
     jobs = make_drafts(project, 3)
-    item = album_item(project, size=2_500_000, job=jobs[0])
+    item = album_item(project, size=2_621_440, job=jobs[0])  # 2.5 MiB
     path = item.file.name
     assert default_storage.exists(path)
     confirm = signed_in.get(f"/projects/{project.id}/delete")

@@ -3,13 +3,14 @@
 from django import template
 
 register = template.Library()
+MIB = 1024 * 1024
 
 
 @register.filter
 def megabytes(value) -> str:
-    """Bytes as MB with one decimal below 10 MB ("3.2 MB", "1250 MB")."""
+    """Bytes as MB (MiB, as the 25 MB-per-job rule counts them) with one decimal below 10."""
     try:
-        mb = int(value or 0) / 1e6
+        mb = int(value or 0) / MIB
     except (TypeError, ValueError):
         return "—"
     return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"

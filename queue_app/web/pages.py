@@ -274,12 +274,24 @@ def album_file(request, item_id, variant="file"):
 
 
 def account_context(request, **extra) -> dict:
-    return {"tokens": ApiToken.objects.filter(owner=request.user), "new_token": None, **extra}
+    return {
+        "tokens": ApiToken.objects.filter(owner=request.user),
+        "new_token": None,
+        "storage": selectors.storage_summary(request.user),
+        **extra,
+    }
+
+
+NEW_TOKEN_KEY = "new_api_token"
 
 
 @login_required
 def account(request):
-    return render(request, "queue_app/account.html", account_context(request))
+    # A token just created is shown once: taken out of the session on the first GET, so a
+    # refresh neither shows it again nor (being a GET) creates another one.
+    new = request.session.pop(NEW_TOKEN_KEY, None)
+    extra = {"new_token": new["token"], "new_token_name": new["name"]} if new else {}
+    return render(request, "queue_app/account.html", account_context(request, **extra))
 
 
 @login_required
@@ -290,8 +302,10 @@ def account_token_create(request):
     except services.ServiceError as error:
         messages.error(request, error.message)
         return redirect("account")
-    # Shown once, on this response only; the database keeps a hash.
-    return render(request, "queue_app/account.html", account_context(request, new_token=raw, new_token_name=token.name))
+    # POST-redirect-GET: the database keeps a hash; the session carries the token to the
+    # next page view only.
+    request.session[NEW_TOKEN_KEY] = {"token": raw, "name": token.name}
+    return redirect("account")
 
 
 @login_required
