@@ -553,3 +553,16 @@ def provider_visible(user, provider_id) -> Provider | None:
         return None
     providers_qs = Provider.objects.all() if user.is_staff else Provider.objects.filter(owner=user)
     return providers_qs.filter(id=provider_id).first()
+
+
+PROJECT_CHOICES_LIMIT = 300
+
+
+def project_choices(user, *, selected: int | None = None) -> list[tuple[int, str]]:
+    """(id, name) of the projects a user may filter the monitor by (staff: everyone's),
+    by name; the selected one is always among them even past the limit."""
+    projects_qs = Project.objects.all() if user.is_staff else Project.objects.filter(owner=user)
+    choices = list(projects_qs.filter(archived=False).order_by("name", "id").values_list("id", "name")[:PROJECT_CHOICES_LIMIT])
+    if selected is not None and selected not in {project_id for project_id, _ in choices}:
+        choices += list(projects_qs.filter(id=selected).values_list("id", "name"))
+    return choices

@@ -172,3 +172,52 @@ def test_api_delete_refuses_running_work_and_outsiders(client, signed_in, outsid
     assert send(client, "delete", f"/api/projects/{project.id}").status_code == 404
     assert send(client, "patch", f"/api/projects/{project.id}", {"name": "x"}).status_code == 404
     assert Project.objects.filter(id=project.id).exists()
+
+
+# --- Small items of issue 12, point 9 -------------------------------------------------------
+
+
+def test_a_job_not_started_shows_a_dash_not_none(signed_in, project):
+    make_drafts(project, 1, status=Status.PENDING)
+    sections = signed_in.get(f"/projects/{project.id}/?fragment=1").content.decode()
+    started_cells = [row.split("</td>")[-2] for row in sections.split("<tr")[2:] if "</td>" in row]
+    assert started_cells and all("None" not in cell for cell in started_cells)
+    assert '<td class="small">—' in sections
+
+
+def test_the_draft_form_labels_read_like_words(signed_in, project):
+    page = signed_in.get(f"/projects/{project.id}/").content.decode()
+    assert "<label>Aspect ratio<select" in page and "Aspectratio" not in page
+
+
+def test_delete_selected_with_nothing_ticked_says_so(signed_in, project):
+    make_drafts(project, 2)
+    response = signed_in.post(f"/projects/{project.id}/drafts/delete", {}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["no drafts selected: tick the drafts to delete first"]
+    assert Job.objects.count() == 2
+
+
+def test_the_monitor_project_filter_names_projects_even_without_work(signed_in, owner, project):
+    quiet = make_project(owner, name="Quiet one")
+    page = signed_in.get(f"/queue/?project={quiet.id}").content.decode()
+    assert f'<option value="{quiet.id}" selected>Quiet one</option>' in page
+    assert f'<option value="{project.id}">Project</option>' in page
+    assert f"#{quiet.id}" not in page
+
+
+def test_the_monitor_says_1_project_not_1_projects(signed_in, project):
+    make_drafts(project, 1, status=Status.PENDING)
+    page = " ".join(signed_in.get("/queue/?fragment=1").content.decode().split())
+    assert "<b>1</b><span>project</span>" in page
+
+
+def test_site_url_follows_port():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PORT": "8123", "DEBUG": "True", "DJANGO_SETTINGS_MODULE": "remixstudio.settings"}
+    env.pop("SITE_URL", None)
+    code = "import django; django.setup(); from django.conf import settings; print(settings.SITE_URL)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "http://127.0.0.1:8123"

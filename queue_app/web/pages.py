@@ -177,8 +177,11 @@ def project_delete_drafts(request, project_id):
     ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
     if request.POST.get("all") == "1":
         ids = list(project.jobs.filter(status=Status.DRAFT).values_list("id", flat=True))
+    if not ids:
+        messages.error(request, "no drafts selected: tick the drafts to delete first")
+        return _back_to(project, request)
     deleted = services.drafts_delete(user=project.owner, project=project, job_ids=ids)
-    messages.success(request, f"{deleted} draft(s) deleted")
+    messages.success(request, f"{deleted} draft{'s' if deleted != 1 else ''} deleted")
     return _back_to(project, request)
 
 
