@@ -4,6 +4,7 @@ on the pages and through the API."""
 import json
 
 import pytest
+from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
@@ -221,3 +222,66 @@ def test_site_url_follows_port():
     code = "import django; django.setup(); from django.conf import settings; print(settings.SITE_URL)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "http://127.0.0.1:8123"
+
+
+# --- In a browser: a non-staff user from nothing to a project and back ---------------------
+
+
+@pytest.mark.browser
+@pytest.mark.processes
+def test_a_new_user_adds_a_provider_tests_it_creates_and_deletes_a_project_in_chromium(owner, tmp_path):
+    import os
+
+    from tests import procs
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
+    from playwright.sync_api import sync_playwright
+
+    web = procs.daphne(tmp_path / "logs", REDIS_URL="")
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(30_000)
+            base = web.url
+            log_in(page, base, owner)
+            assert "No projects yet" in page.inner_text("#project-list")
+            # a provider, its options shown for its family only
+            page.goto(f"{base}/providers/new")
+            page.fill("#id_name", "My demo")
+            page.select_option("#id_family", "demo")
+            assert page.is_visible("#id_opt_demo_latency_ms") and not page.is_visible("#id_opt_openai_organization")
+            page.fill("#id_opt_demo_latency_ms", "50")
+            page.fill("input[name=alias]", "house")
+            page.fill("input[name=alias_model]", "demo-image")
+            page.click("#provider-form button[type=submit]")
+            page.wait_for_selector("#test-key")
+            page.click("#test-key button")
+            page.wait_for_selector("text=Test key: ok")
+            shots = settings.BASE_DIR / "var" / "screenshots"
+            shots.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shots / "provider-1400.png"), full_page=True)
+            provider = owner.providers.get()
+            assert (provider.options, provider.model_aliases) == ({"latency_ms": 50}, {"house": "demo-image"})
+            # a project on it
+            page.goto(f"{base}/projects/")
+            page.click("#new-project")
+            page.fill("#id_name", "Foxes")
+            page.select_option("#id_provider_id", str(provider.id))
+            page.fill("#id_model", "house")
+            page.click("#project-form button[type=submit]")
+            page.wait_for_selector("#storage-usage")
+            project = Project.objects.get(owner=owner)
+            assert page.url == f"{base}/projects/{project.id}/" and project.model == "house"
+            page.screenshot(path=str(shots / "project-created-1400.png"), full_page=True)
+            # and gone again
+            page.goto(f"{base}/projects/{project.id}/delete")
+            assert "This deletes 0 jobs and 0 album items" in " ".join(page.inner_text("#delete-summary").split())
+            page.click("main form button[type=submit]")
+            page.wait_for_url(f"{base}/projects/")
+            assert not Project.objects.exists()
+            browser.close()
+    finally:
+        web.stop()

@@ -58,7 +58,7 @@ def _bad_key(provider, response) -> bool:
 def test_key(provider) -> dict:
     """{"result": "ok" | "bad_key" | "unreachable" | "error", "message": str}."""
     if provider.family == "demo":
-        return {"result": "ok", "message": "the demo provider needs no key: it answers offline"}
+        return {"result": "ok", "message": "ok: the demo provider needs no key (it answers offline)"}
     if not provider.api_key_encrypted:
         return {"result": "bad_key", "message": "no key is stored: enter one and save"}
     try:
