@@ -426,17 +426,17 @@ def project_delete(*, user, project: Project) -> dict:
     if project.owner_id != user.id:
         raise ServiceError("project not found", 404)
     with transaction.atomic():
-        # Lock the project row, then check: a dispatch that claims a job after this check
-        # needs the job row, which the delete below takes with it.
-        Project.objects.select_for_update().filter(id=project.id).first()
-        running = Job.objects.filter(project=project, status=Status.PROCESSING).count()
+        # Lock the project's job rows, then check: a dispatch claiming one of them now waits
+        # for this transaction and then finds it gone (PostgreSQL; SQLite writes one at a time).
+        statuses = list(Job.objects.select_for_update().filter(project=project).values_list("status", flat=True))
+        running = statuses.count(Status.PROCESSING)
         if running:
             raise ServiceError(f"{running} job{'s are' if running != 1 else ' is'} running; cancel them first", 409)
         files = [
             name for pair in AlbumItem.objects.filter(project=project).values_list("file", "poster") for name in pair if name
         ]
         summary = {
-            "jobs": Job.objects.filter(project=project).count(),
+            "jobs": len(statuses),
             "album_items": AlbumItem.objects.filter(project=project).count(),
             "bytes": AlbumItem.objects.filter(project=project).aggregate(total=Sum("size"))["total"] or 0,
         }
@@ -444,13 +444,15 @@ def project_delete(*, user, project: Project) -> dict:
         # album items first: their job link is SET_NULL, so they would not go with the jobs
         AlbumItem.objects.filter(project=project).delete()
         Project.objects.filter(id=project_id).delete()
-        transaction.on_commit(lambda: _delete_files(files))
+        transaction.on_commit(lambda: _delete_files(files, folder=f"album/{project_id}"))
     log.info("project %s deleted by user %s: %s", project_id, user.pk, summary)
     return summary
 
 
-def _delete_files(names) -> None:
+def _delete_files(names, *, folder: str = "") -> None:
     """Files go after the commit: a rolled-back delete must not lose them."""
+    import os
+
     from django.core.files.storage import default_storage
 
     for name in names:
@@ -458,6 +460,11 @@ def _delete_files(names) -> None:
             default_storage.delete(name)
         except OSError:
             log.warning("could not delete an album file of a deleted project")
+    if folder:
+        try:  # the project's album folder, when the storage is a local folder and it is empty
+            os.rmdir(default_storage.path(folder))
+        except (NotImplementedError, OSError):
+            pass
 
 
 # --- Providers (create / edit / delete) -------------------------------------------------

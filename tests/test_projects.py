@@ -102,6 +102,7 @@ def test_delete_asks_with_counts_then_removes_jobs_album_and_files(signed_in, ow
     assert not Project.objects.filter(id=project.id).exists()
     assert not Job.objects.exists() and not AlbumItem.objects.exists()
     assert not default_storage.exists(path)
+    assert not default_storage.exists(f"album/{project.id}")  # the emptied folder goes too
     assert selectors.storage_summary(owner)["used_bytes"] == 0
 
 
