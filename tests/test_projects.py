@@ -277,9 +277,16 @@ def test_a_new_user_adds_a_provider_tests_it_creates_and_deletes_a_project_in_ch
             project = Project.objects.get(owner=owner)
             assert page.url == f"{base}/projects/{project.id}/" and project.model == "house"
             page.screenshot(path=str(shots / "project-created-1400.png"), full_page=True)
+            # what a start would reserve, for all drafts and for the ticked ones
+            make_drafts(project, 3)
+            page.reload()
+            assert "Starting all 3 drafts would reserve 75 MB" in page.inner_text("#storage-start")
+            page.locator("#drafts input[name=job]").nth(0).check()
+            page.locator("#drafts input[name=job]").nth(1).check()
+            assert page.inner_text("#storage-selected") == "Starting the 2 selected would reserve 50 MB."
             # and gone again
             page.goto(f"{base}/projects/{project.id}/delete")
-            assert "This deletes 0 jobs and 0 album items" in " ".join(page.inner_text("#delete-summary").split())
+            assert "This deletes 3 jobs and 0 album items" in " ".join(page.inner_text("#delete-summary").split())
             page.click("main form button[type=submit]")
             page.wait_for_url(f"{base}/projects/")
             assert not Project.objects.exists()
