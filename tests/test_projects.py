@@ -60,6 +60,8 @@ def test_someone_elses_provider_cannot_be_chosen(signed_in, outsider):
 
 
 def test_edit_renames_and_changes_defaults(signed_in, project):
+    form = signed_in.get(f"/projects/{project.id}/edit").content.decode()
+    assert f'<option value="{project.provider_id}" selected>' in form and 'value="demo-image"' in form
     response = signed_in.post(
         f"/projects/{project.id}/edit",
         {"name": "Renamed", "kind": "image", "provider_id": project.provider_id, "model": "demo-layers", "quality": ""},
@@ -284,6 +286,14 @@ def test_a_new_user_adds_a_provider_tests_it_creates_and_deletes_a_project_in_ch
             page.locator("#drafts input[name=job]").nth(0).check()
             page.locator("#drafts input[name=job]").nth(1).check()
             assert page.inner_text("#storage-selected") == "Starting the 2 selected would reserve 50 MB."
+            # the new pages' content fits a phone (390 px) (the header and tables: the phone layout's work)
+            page.set_viewport_size({"width": 390, "height": 844})
+            rightmost = "Math.max(...[...document.querySelectorAll('main *')].map((e) => e.getBoundingClientRect().right))"
+            for path in (f"/providers/{provider.id}/", "/projects/new", f"/projects/{project.id}/edit"):
+                page.goto(base + path)
+                assert page.evaluate(rightmost) <= 390, path
+            page.screenshot(path=str(shots / "project-edit-390.png"), full_page=True)
+            page.set_viewport_size({"width": 1400, "height": 900})
             # and gone again
             page.goto(f"{base}/projects/{project.id}/delete")
             assert "This deletes 3 jobs and 0 album items" in " ".join(page.inner_text("#delete-summary").split())
