@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint format migrate chaos bench clean
+.PHONY: run test test-fast lint format migrate chaos bench clean chromium
 
 $(STAMP): requirements.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -26,9 +26,26 @@ run: migrate
 	$(BIN)/python manage.py recover_queue
 	$(BIN)/python manage.py run_stack
 
-# The whole suite. DATABASE_URL / REDIS_URL select PostgreSQL and Redis.
-test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# The whole suite, browser tests included. DATABASE_URL / REDIS_URL select PostgreSQL and
+# Redis. REQUIRE_BROWSER=1 makes a missing Chromium a failure, never a silent skip.
+test: $(STAMP) chromium
+	REQUIRE_BROWSER=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The browser tests drive Debian's Chromium: installed here when missing (as root, with
+# apt-get), otherwise the target stops and says how.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "== installing Debian's chromium for the browser tests (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "make test runs the browser tests with Debian's Chromium at $(CHROMIUM), which is not installed."; \
+	    echo "Install it with:  sudo apt-get install chromium"; \
+	    echo "or run 'make test-fast', which leaves the browser and process tests out."; \
+	    exit 1; \
+	  fi; }
+	@test -x $(CHROMIUM) || { echo "apt-get ran but $(CHROMIUM) is still missing: install Debian's chromium package"; exit 1; }
 
 # Without the tests that start processes or a browser.
 test-fast: $(STAMP)

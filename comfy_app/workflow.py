@@ -84,12 +84,19 @@ def _coerce(value, current, kind: str, where: str):
 
 
 def load_reference(ref: str, owner_id: int) -> tuple[bytes, str, str]:
-    """(bytes, content type, extension) of a draft reference: "album:<id>" (an album item of
-    the same owner), a data: URL, or an http(s) URL fetched through the guarded client."""
+    """(bytes, content type, extension) of a draft reference: "ref:<sha256>" (an uploaded
+    image of the same owner), "album:<id>" (an album item of the same owner), a data: URL,
+    or an http(s) URL fetched through the guarded client."""
+    from queue_app import references
     from queue_app.models import AlbumItem
 
     ref = (ref or "").strip()
-    if ref.startswith("album:"):
+    if ref.startswith("ref:"):
+        found = references.load(ref, owner_id)
+        if found is None:
+            raise WorkflowError(f"reference {ref[:20]!r} is not an uploaded image of this account")
+        data, content_type = found
+    elif ref.startswith("album:"):
         item = AlbumItem.objects.filter(id=ref[6:] if ref[6:].isdigit() else 0, owner_id=owner_id).first()
         if item is None or not item.file:
             raise WorkflowError(f"reference {ref!r} is not an album item of this account")
@@ -109,7 +116,7 @@ def load_reference(ref: str, owner_id: int) -> tuple[bytes, str, str]:
         except net.UnsafeURL as error:
             raise WorkflowError(f"reference URL refused: {error}") from None
     else:
-        raise WorkflowError(f"unsupported reference {ref[:40]!r} (use album:<id>, a data: URL or an https URL)")
+        raise WorkflowError(f"unsupported reference {ref[:40]!r} (use ref:<sha256>, album:<id>, a data: URL or an https URL)")
     extension = mimetypes.guess_extension(content_type or "") or ".bin"
     return data, content_type, {".jpe": ".jpg", ".jpeg": ".jpg"}.get(extension, extension)
 

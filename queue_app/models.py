@@ -43,6 +43,9 @@ class ErrorClass(models.TextChoices):
     AMBIGUOUS = "ambiguous"
     TIMEOUT = "timeout"
     LOCAL = "local"
+    # Not a failure of the provider: the user cancelled the job (a failed job with this
+    # reason code; the monitor shows it as "Cancelled"; retry and clear work on it).
+    CANCELLED = "cancelled"
 
 
 class AccountSettings(models.Model):
@@ -240,6 +243,7 @@ class JobAttempt(models.Model):
         LOCAL = "local"
         INTERRUPTED = "interrupted"
         LOST = "lost"
+        CANCELLED = "cancelled"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempt_log")
     number = models.PositiveSmallIntegerField()
@@ -467,3 +471,30 @@ class PushOutbox(models.Model):
 
     def __str__(self):
         return f"push of run {self.run_id} to subscription {self.subscription_id}"
+
+
+def reference_upload_to(reference, filename):
+    return f"references/{reference.owner_id}/{filename}"
+
+
+class Reference(models.Model):
+    """A reference image a user uploaded for their drafts: one row and one file per content
+    (sha256) per user, so uploading the same picture twice stores it once. A draft names
+    it as "ref:<sha256>" in `Job.references`."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="references")
+    sha256 = models.CharField(max_length=64)
+    file = models.FileField(upload_to=reference_upload_to, max_length=300)
+    # decided from the bytes (queue_app.engine.media), never from the upload's claim
+    content_type = models.CharField(max_length=100)
+    size = models.BigIntegerField(default=0)
+    width = models.PositiveIntegerField(null=True, blank=True)
+    height = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "sha256"], name="reference_one_file_per_content")]
+
+    def __str__(self):
+        return f"reference {self.sha256[:12]} of user {self.owner_id}"

@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from queue_app.engine import heartbeats, runners
-from queue_app.models import Job, Project, Provider, Status
+from queue_app.models import AlbumItem, ErrorClass, Job, Project, Provider, Status
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")
 
@@ -238,6 +238,7 @@ JOB_FILTER_STATES = (
     "pending",
     "processing",
     "failed",
+    "cancelled",  # failed with reason "cancelled"
     "completed",
     "draft",
     "all",
@@ -277,6 +278,8 @@ def _state_filter(state: str, *, providers: dict, live: dict, now) -> Q:
         return Q(status=Status.PROCESSING, task_id="", lease_expires_at__lt=now)
     if state == "running":
         return Q(status=Status.PROCESSING, task_id="") & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__gte=now))
+    if state == "cancelled":
+        return Q(status=Status.FAILED, error_class=ErrorClass.CANCELLED)
     if state == "active":
         return Q(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED))
     if state in Status.values:
@@ -299,6 +302,8 @@ def job_state(job: Job, *, providers: dict, live: dict, now) -> tuple[str, str]:
         if job.lease_expires_at and job.lease_expires_at < now:
             return "stalled", "lease expired; the next heal returns it to pending"
         return "running", ""
+    if job.status == Status.FAILED and job.error_class == ErrorClass.CANCELLED:
+        return "cancelled", ""
     return job.status, ""
 
 
@@ -566,3 +571,113 @@ def project_choices(user, *, selected: int | None = None) -> list[tuple[int, str
     if selected is not None and selected not in {project_id for project_id, _ in choices}:
         choices += list(projects_qs.filter(id=selected).values_list("id", "name"))
     return choices
+
+
+# --- Drafts (issue 12) ------------------------------------------------------------------
+
+
+def project_drafts(project):
+    """A project's drafts, oldest first (the page pages through them)."""
+    return project.jobs.filter(status=Status.DRAFT).select_related("provider").order_by("created_at", "id")
+
+
+def draft_providers(user, kind: str) -> list:
+    """The user's providers whose family makes `kind` outputs (a draft may pick one)."""
+    from queue_app.providers.catalogue import CATALOGUE
+
+    return [
+        provider
+        for provider in Provider.objects.filter(owner=user)
+        if any(spec.kind == kind for spec in CATALOGUE.get(provider.family, {}).values())
+    ]
+
+
+def album_images(project, limit: int = 60) -> list:
+    """The project's newest album images, for the reference picker."""
+    return list(
+        AlbumItem.objects.filter(project=project, kind=AlbumItem.ItemKind.IMAGE)
+        .exclude(file="")
+        .order_by("-created_at", "id")[:limit]
+    )
+
+
+def reference_of(user, sha256: str):
+    """An uploaded reference image the user may see (their own; staff: anyone's)."""
+    from queue_app.models import Reference
+
+    rows = Reference.objects.all() if user.is_staff else Reference.objects.filter(owner=user)
+    return rows.filter(sha256=sha256).first()
+
+
+# --- The job page and the album ---------------------------------------------------------
+
+LAYER_ROLES = ("layer",)
+SNAPSHOT_FIELDS = (
+    ("provider_name", "Provider"),
+    ("family", "Family"),
+    ("kind", "Kind"),
+    ("model", "Model"),
+    ("aspect_ratio", "Aspect ratio"),
+    ("resolution", "Resolution"),
+    ("quality", "Quality"),
+    ("format", "Format"),
+    ("background", "Background"),
+    ("duration", "Duration (s)"),
+    ("sound", "Sound"),
+    ("temperature", "Temperature"),
+    ("max_tokens", "Max tokens"),
+    ("system_prompt", "System prompt"),
+)
+
+
+def album_grouped(items) -> list[dict]:
+    """Album items grouped under their job, in the order given: the base image(s) first,
+    its layers under it."""
+    groups: dict = {}
+    for item in items:
+        key = item.job_id or f"item-{item.id}"
+        group = groups.setdefault(key, {"job_id": item.job_id, "prompt": item.prompt, "main": [], "layers": []})
+        (group["layers"] if item.role in LAYER_ROLES else group["main"]).append(item)
+    return list(groups.values())
+
+
+def album_counts(project) -> dict:
+    """{"items": outputs that are not layers, "layers": layers} — the album's headline."""
+    from queue_app.models import AlbumItem
+
+    layers = Q(role__in=LAYER_ROLES)
+    counts = AlbumItem.objects.filter(project=project).aggregate(
+        items=Count("id", filter=~layers), layers=Count("id", filter=layers)
+    )
+    return {"items": counts["items"] or 0, "layers": counts["layers"] or 0}
+
+
+def album_zip_items(project):
+    """Every album item of a project for the zip download, oldest first, one row at a time."""
+    from queue_app.models import AlbumItem
+
+    return AlbumItem.objects.filter(project=project).order_by("created_at", "job_id", "output_index", "id").iterator(100)
+
+
+def job_detail(job: Job, *, user, now=None) -> dict:
+    """Everything the job page shows: the row the monitor shows (with the attempt log),
+    the resolved snapshot, and the job's album items (layers grouped under the base)."""
+    now = now or timezone.now()
+    providers = visible_providers(user)
+    live = heartbeats.liveness(now=now)
+    attempts = list(job.attempt_log.order_by("number", "id"))
+    row = job_row(job, providers=providers, live=live, now=now, attempts=attempts)
+    snap = job.resolved or {}
+    snapshot = [(label, snap.get(key)) for key, label in SNAPSHOT_FIELDS if snap.get(key) not in (None, "")]
+    outputs = list(job.album_items.order_by("output_index", "id"))
+    return {
+        "job": job,
+        "row": row,
+        "attempts": attempts,
+        "snapshot": snapshot,
+        "params": snap.get("params") or job.params or {},
+        "resolved": bool(snap),
+        "outputs": album_grouped(outputs),
+        "output_count": len(outputs),
+        "retryable": job.status == Status.FAILED,
+    }

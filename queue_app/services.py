@@ -11,8 +11,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from queue_app.engine import dispatch, events, outputs, transitions
-from queue_app.models import IdempotencyKey, Job, Project, Provider, Status
+from queue_app import references
+from queue_app.engine import dispatch, events, outputs, remote_cancel, transitions
+from queue_app.models import IdempotencyKey, Job, Kind, Project, Provider, Reference, Status
+from queue_app.providers.catalogue import CATALOGUE, default_model
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +42,18 @@ DRAFT_FIELDS = ("model", "aspect_ratio", "quality", "resolution", "format", "bac
 
 
 def jobs_create_drafts(
-    *, user, project: Project, prompt: str, quantity: int = 1, provider: Provider | None = None, settings_: dict | None = None
+    *,
+    user,
+    project: Project,
+    prompt: str,
+    quantity: int = 1,
+    provider: Provider | None = None,
+    settings_: dict | None = None,
+    per_line: bool = False,
 ) -> list[Job]:
-    """Create `quantity` drafts of one prompt. Validates at the edge: a bad value is a
-    ServiceError with a readable message, and nothing is created."""
+    """Create `quantity` drafts of one prompt — or, `per_line`, of each non-blank line of
+    it. Validates at the edge: a bad value is a ServiceError with a readable message, and
+    nothing is created."""
     if project.owner_id != user.id:
         raise ServiceError("project not found", 404)
     prompt = (prompt or "").strip()
@@ -53,8 +63,48 @@ def jobs_create_drafts(
         raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
     if not isinstance(quantity, int) or isinstance(quantity, bool) or not 1 <= quantity <= MAX_DRAFTS_PER_REQUEST:
         raise ServiceError(f"quantity must be a whole number from 1 to {MAX_DRAFTS_PER_REQUEST}")
-    if provider is not None and provider.owner_id != user.id:
+    prompts = [line.strip() for line in prompt.splitlines() if line.strip()] if per_line else [prompt]
+    if len(prompts) * quantity > MAX_DRAFTS_PER_REQUEST:
+        raise ServiceError(
+            f"{len(prompts)} line(s) × quantity {quantity} = {len(prompts) * quantity} drafts; "
+            f"one request makes at most {MAX_DRAFTS_PER_REQUEST}"
+        )
+    draft_provider_check(user=user, project=project, provider=provider)
+    values = draft_values(user=user, settings_=settings_)
+    draft_default_model(project=project, provider=provider, values=values)
+    jobs = [
+        Job(project=project, owner=user, prompt=text, provider=provider, **values) for text in prompts for _ in range(quantity)
+    ]
+    with transaction.atomic():
+        Job.objects.bulk_create(jobs)
+        events.emit_many(project.id, [("job.drafted", job.id, Status.DRAFT, {}) for job in jobs])
+    return jobs
+
+
+def draft_provider_check(*, user, project: Project, provider: Provider | None) -> None:
+    """A draft's own provider must be the user's and of a family that makes the project's
+    kind (None: the project's provider, resolved at claim)."""
+    if provider is None:
+        return
+    if provider.owner_id != user.id:
         raise ServiceError("provider not found", 404)
+    if project.kind == Kind.COMFYUI:
+        raise ServiceError("a ComfyUI project runs on its own instance; its drafts take no provider")
+    if not any(spec.kind == project.kind for spec in CATALOGUE.get(provider.family, {}).values()):
+        raise ServiceError(f"provider {provider.name!r} ({provider.family}) does not make {project.kind} outputs")
+
+
+def draft_default_model(*, project: Project, provider: Provider | None, values: dict) -> None:
+    """A draft on another provider family than its project's, with no model, gets that
+    family's default model (the project's model would mean nothing to it)."""
+    if provider is None or values.get("model"):
+        return
+    if project.provider is None or project.provider.family != provider.family:
+        values["model"] = default_model(provider.family, project.kind)
+
+
+def draft_values(*, user, settings_: dict | None) -> dict:
+    """The model, output settings, params and references of a draft, checked."""
     values = {}
     for key, value in (settings_ or {}).items():
         if key == "duration":
@@ -74,16 +124,13 @@ def jobs_create_drafts(
                 raise ServiceError("params must be an object")
             values["params"] = value
         elif key == "references":
-            if not isinstance(value, list) or not all(isinstance(item, str) for item in value) or len(value) > 16:
-                raise ServiceError("references must be a list of at most 16 strings")
-            values["references"] = value
+            try:
+                values["references"] = references.normalize(user, value, store=reference_store)
+            except references.BadReference as error:
+                raise ServiceError(str(error)) from None
         else:
             raise ServiceError(f"unknown setting {key!r}")
-    jobs = [Job(project=project, owner=user, prompt=prompt, provider=provider, **values) for _ in range(quantity)]
-    with transaction.atomic():
-        Job.objects.bulk_create(jobs)
-        events.emit_many(project.id, [("job.drafted", job.id, Status.DRAFT, {}) for job in jobs])
-    return jobs
+    return values
 
 
 def drafts_delete(*, user, project: Project, job_ids) -> int:
@@ -95,6 +142,85 @@ def drafts_delete(*, user, project: Project, job_ids) -> int:
         deleted = Job.objects.filter(id__in=ids, status=Status.DRAFT).delete()[1].get(Job._meta.label, 0)
         events.emit_many(project.id, [("job.deleted", job_id, "", {}) for job_id in ids])
     return deleted
+
+
+# Editing and duplicating drafts, reference uploads (issue 12).
+
+
+def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settings_: dict) -> Job:
+    """Change a draft's prompt, provider and settings (a blank setting: the project's).
+    Only a draft changes: one that was started meanwhile answers "no longer a draft"."""
+    job = Job.objects.filter(id=job_id, owner=user).select_related("project").first()
+    if job is None:
+        raise ServiceError("draft not found", 404)
+    prompt = (prompt or "").strip()
+    if not prompt:
+        raise ServiceError("a prompt is required")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    draft_provider_check(user=user, project=job.project, provider=provider)
+    values = draft_values(user=user, settings_=settings_)
+    draft_default_model(project=job.project, provider=provider, values=values)
+    # every editable field is written: the ones the form left blank go back to the project's
+    fields = {name: values.get(name, "") for name in DRAFT_FIELDS}
+    fields.update(
+        duration=values.get("duration"), params=values.get("params", job.params), references=values.get("references", [])
+    )
+    with transaction.atomic():
+        changed = Job.objects.filter(id=job.id, status=Status.DRAFT).update(
+            prompt=prompt, provider=provider, updated_at=timezone.now(), **fields
+        )
+        if not changed:
+            raise ServiceError("this job is no longer a draft (it was started or deleted)", 409)
+        events.emit_many(job.project_id, [("job.edited", job.id, Status.DRAFT, {})])
+    job.refresh_from_db()
+    return job
+
+
+def drafts_duplicate(*, user, project: Project, job_ids) -> list[Job]:
+    """A new draft for each given draft, with the same prompt, provider and settings."""
+    if project.owner_id != user.id:
+        raise ServiceError("project not found", 404)
+    originals = list(Job.objects.filter(project=project, id__in=list(job_ids), status=Status.DRAFT).order_by("created_at", "id"))
+    if len(originals) > MAX_DRAFTS_PER_REQUEST:
+        raise ServiceError(f"{len(originals)} drafts; one request duplicates at most {MAX_DRAFTS_PER_REQUEST}")
+    copied = ("prompt", "provider_id", "references", "params", "duration", *DRAFT_FIELDS)
+    jobs = [Job(project=project, owner=user, **{name: getattr(job, name) for name in copied}) for job in originals]
+    with transaction.atomic():
+        Job.objects.bulk_create(jobs)
+        events.emit_many(project.id, [("job.drafted", job.id, Status.DRAFT, {}) for job in jobs])
+    return jobs
+
+
+def reference_store(user, data: bytes, *, label: str = "the file") -> str:
+    """Keep an uploaded reference image once per content per user; its sha256. The type
+    and size come from the bytes (references.image_facts), so a renamed HTML file or an
+    SVG is refused with the reason."""
+    from django.core.files.base import ContentFile
+
+    try:
+        content_type, width, height = references.image_facts(data, label=label)
+    except references.BadReference as error:
+        raise ServiceError(str(error)) from None
+    sha = hashlib.sha256(data).hexdigest()
+    if Reference.objects.filter(owner=user, sha256=sha).exists():
+        return sha
+    row = Reference(owner=user, sha256=sha, content_type=content_type, size=len(data), width=width, height=height)
+    row.file.save(f"{sha}.{media_extension(content_type)}", ContentFile(data), save=False)
+    try:
+        with transaction.atomic():
+            row.save()
+    except IntegrityError:
+        # The same picture uploaded twice at once: the other request's row and file stand;
+        # ours (saved under another name by the storage) goes.
+        row.file.delete(save=False)
+    return sha
+
+
+def media_extension(content_type: str) -> str:
+    from queue_app.engine.media import ALBUM_TYPES
+
+    return ALBUM_TYPES.get(content_type, "bin")
 
 
 # --- Starting and retrying --------------------------------------------------------------
@@ -158,6 +284,24 @@ def jobs_retry(*, user, job_ids) -> dict:
     storage_check(user=user, starting=len(ids))
     started = transitions.jobs_to_pending(ids, from_statuses=(Status.FAILED,), kind="job.retried")
     return {"retried": [str(i) for i in started]}
+
+
+def jobs_cancel(*, user, job_ids) -> dict:
+    """Cancel the user's pending and processing jobs: each fails at once with reason
+    "cancelled" (a running worker's result is fenced out, the slot is free now), then its
+    remote task is cancelled at the provider where the API can — after the commit, best
+    effort. Drafts, finished and other users' jobs are skipped.
+    Returns {"cancelled": n, "skipped": m}."""
+    job_ids = list(dict.fromkeys(map(str, job_ids)))
+    ids = list(Job.objects.filter(id__in=job_ids, owner=user).values_list("id", flat=True))
+    with transaction.atomic():
+        rows = transitions.jobs_cancel(ids, by=f"user {user.pk}")
+        # The remote calls go after the commit (a caller's outer transaction included):
+        # never HTTP inside a transaction, and never for a cancel that rolled back. They
+        # are bounded by the adapters' timeouts and never raise.
+        transaction.on_commit(lambda: remote_cancel.cancel_tasks(rows))
+    log.info("cancel by user %s: %d job(s)", user.pk, len(rows))
+    return {"cancelled": len(rows), "skipped": len(job_ids) - len(rows)}
 
 
 def failed_scope(*, user, project_id=None, provider_id=None):
@@ -636,3 +780,24 @@ def provider_delete(*, user, provider_id) -> dict:
             raise ServiceError(f"{provider.name} is running a job; try again when it finishes", 409) from None
     log.info("provider %s deleted by user %s", provider_id, user.pk)
     return {"deleted": True, "projects_without_provider": projects}
+
+
+# --- Album ------------------------------------------------------------------------------
+
+
+def album_item_delete(*, user, item_id) -> int:
+    """Delete one of the user's album items and its files; returns the bytes freed. The
+    owner's storage usage is the sum of their items' sizes, so the row going frees them;
+    the files go after the commit (a rollback keeps them with their row)."""
+    from queue_app.engine.outputs import remove_files
+    from queue_app.models import AlbumItem
+
+    with transaction.atomic():
+        item = AlbumItem.objects.select_for_update().filter(id=item_id, owner=user).first()
+        if item is None:
+            raise ServiceError("album item not found", 404)
+        names = [name for name in (item.file.name, item.poster.name) if name]
+        item.delete()
+        events.emit(item.project_id, "album.deleted", item.job_id, "", {"item": item_id, "freed": item.size})
+        transaction.on_commit(lambda: remove_files(names))
+    return item.size

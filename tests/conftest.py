@@ -15,6 +15,20 @@ from django.db import connection  # noqa: E402
 
 from queue_app.models import AccountSettings, Job, Project, Provider, Status  # noqa: E402
 
+# Debian's Chromium, which the browser tests drive. Under `make test` (REQUIRE_BROWSER=1)
+# a missing one fails those tests with how to install it, instead of skipping them quietly.
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+BROWSER_MISSING = f"needs Debian's Chromium at {CHROMIUM}: sudo apt-get install chromium (make test installs it when run as root)"
+
+
+@pytest.fixture(autouse=True)
+def _browser_required(request):
+    # Autouse, so it runs before a test's own fixtures (and their skip for a missing browser).
+    if request.node.get_closest_marker("browser") and not os.path.exists(CHROMIUM):
+        if os.environ.get("REQUIRE_BROWSER") == "1":
+            pytest.fail(BROWSER_MISSING, pytrace=False)
+        pytest.skip(BROWSER_MISSING)
+
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"

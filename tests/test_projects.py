@@ -197,7 +197,7 @@ def test_the_draft_form_labels_read_like_words(signed_in, project):
 def test_delete_selected_with_nothing_ticked_says_so(signed_in, project):
     make_drafts(project, 2)
     response = signed_in.post(f"/projects/{project.id}/drafts/delete", {}, follow=True)
-    assert [str(m) for m in response.context["messages"]] == ["no drafts selected: tick the drafts to delete first"]
+    assert [str(m) for m in response.context["messages"]] == ["select drafts first: nothing was deleted"]
     assert Job.objects.count() == 2
 
 

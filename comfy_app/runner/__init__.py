@@ -88,6 +88,12 @@ class ComfyRunner:
                 ComfyInstance.objects.filter(id=instance_id, driver=driver).update(driver="", driver_until=None)
         return adopted
 
+    def cancel(self, *, job_id, project_id: int, task_id: str) -> None:
+        """A cancelled job's prompt: deleted from ComfyUI's queue, or interrupted."""
+        from comfy_app.runner.cancel import cancel_prompt
+
+        cancel_prompt(project_id, task_id)
+
     def tick(self) -> bool:
         """Schedule due checks on the bounded pool; returns at once."""
         active = set(

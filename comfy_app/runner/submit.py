@@ -86,6 +86,11 @@ def submit_prompt(job_id, token) -> Submission:
         reason = f"internal error while submitting to ComfyUI: {type(error).__name__}"
         fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local", keep_task_id=False)
         return Submission.ERROR
+    if result not in (Submission.FENCED, Submission.COLLECT) and not Job.objects.fenced(job.id, token).exists():
+        # Cancelled while the prompt was being posted: nobody will collect it, so stop it.
+        from comfy_app.runner.cancel import cancel_prompt
+
+        cancel_prompt(job.project_id, Job.objects.filter(id=job.id).values_list("task_id", flat=True).first() or "")
     return _submitted(job.id, token, attempt.id, result)
 
 

@@ -6,10 +6,16 @@
   "running", so a late writer (a stale worker, a heal that got there first) changes nothing;
 - `attempt_record`: an attempt that opens and ends in one step, for what a checker found
   without a worker (the poller's timeout, a ComfyUI check's failure);
-- `attempts_interrupt`: the recovery scan ends the attempts of jobs whose worker is gone.
+- `attempts_interrupt`: the recovery scan ends the attempts of jobs whose worker is gone;
+- `attempts_cancel`: a user cancelled processing jobs.
+
+Numbers run on across retries (#1, #2, then #3 after a retry): `job.attempts` is the
+retry budget of the current run and a retry resets it, so a run's numbers start after
+the highest number of the runs before it.
 """
 
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from queue_app.engine import heartbeats
@@ -17,6 +23,16 @@ from queue_app.engine.leases import lease_take
 from queue_app.models import Job, JobAttempt
 
 Outcome = JobAttempt.Outcome
+
+
+def attempt_number(job: Job) -> int:
+    """This run's `job.attempts`, counted on from the earlier runs. A retry (or a start)
+    sets `queued_at`; every attempt of an earlier run started before it, since a job is
+    retried only once it failed and all its attempts ended."""
+    if job.queued_at is None:
+        return job.attempts
+    earlier = JobAttempt.objects.filter(job_id=job.id, started_at__lt=job.queued_at).aggregate(last=Max("number"))["last"]
+    return (earlier or 0) + job.attempts
 
 
 def attempt_begin(job: Job, token) -> JobAttempt | None:
@@ -28,7 +44,7 @@ def attempt_begin(job: Job, token) -> JobAttempt | None:
     with transaction.atomic():
         if not lease_take(job.id, token, owner=worker):
             return None
-        return JobAttempt.objects.create(job=job, number=job.attempts, worker=worker, task_id=job.task_id)
+        return JobAttempt.objects.create(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
 
 
 def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str = "") -> bool:
@@ -41,7 +57,7 @@ def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str 
 def attempt_record(job: Job, *, outcome: Outcome, reason: str, worker: str) -> None:
     JobAttempt.objects.create(
         job_id=job.id,
-        number=job.attempts,
+        number=attempt_number(job),
         worker=worker,
         task_id=job.task_id,
         finished_at=timezone.now(),
@@ -53,4 +69,33 @@ def attempt_record(job: Job, *, outcome: Outcome, reason: str, worker: str) -> N
 def attempts_interrupt(job_ids) -> None:
     JobAttempt.objects.filter(job_id__in=list(job_ids), outcome=Outcome.RUNNING).update(
         outcome=Outcome.INTERRUPTED, finished_at=timezone.now(), reason="worker stopped"
+    )
+
+
+def attempts_cancel(job_ids, *, reason: str, recorded_by: str) -> None:
+    """A user cancelled these (processing) jobs: their open attempts end as cancelled; a
+    job with none open (detached: its attempt ended when it handed over its task id) gets
+    a closed one of its own, so the log says who stopped it."""
+    job_ids = list(job_ids)
+    now = timezone.now()
+    closed = set(JobAttempt.objects.filter(job_id__in=job_ids, outcome=Outcome.RUNNING).values_list("job_id", flat=True))
+    JobAttempt.objects.filter(job_id__in=closed, outcome=Outcome.RUNNING).update(
+        outcome=Outcome.CANCELLED, finished_at=now, reason=reason
+    )
+    jobs = Job.objects.filter(id__in=[job_id for job_id in job_ids if job_id not in closed]).only(
+        "id", "attempts", "task_id", "queued_at"
+    )
+    JobAttempt.objects.bulk_create(
+        [
+            JobAttempt(
+                job_id=job.id,
+                number=attempt_number(job),
+                worker=recorded_by,
+                task_id=job.task_id,
+                finished_at=now,
+                outcome=Outcome.CANCELLED,
+                reason=reason,
+            )
+            for job in jobs
+        ]
     )

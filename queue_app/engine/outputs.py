@@ -192,7 +192,7 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
             raise Fenced(job.id)
         if attempt_id is not None:
             attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
-        transaction.on_commit(lambda: _remove_files(replaced_files))
+        transaction.on_commit(lambda: remove_files(replaced_files))
 
 
 def _check_quota(job: Job, prepared: list[Prepared]) -> None:
@@ -267,7 +267,7 @@ def _item_fields(job: Job, item: Prepared) -> dict:
     )
 
 
-def _remove_files(names: list[str]) -> None:
+def remove_files(names: list[str]) -> None:
     media = Path(settings.MEDIA_ROOT)
     for name in names:
         (media / name).unlink(missing_ok=True)

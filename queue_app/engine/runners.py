@@ -8,6 +8,7 @@ call it. A runner object offers:
     wake(project_ids)   pending work appeared for these projects: claim what fits
     tick() -> bool      one step of the runner's timer (the queue service calls it)
     recover() -> int    the recovery scan's share: adopt in-flight work after a restart
+    cancel(job_id=, project_id=, task_id=)   optional: stop a cancelled job's remote work
 """
 
 RUNNERS: dict = {}

@@ -6,6 +6,7 @@ edits of the project cannot change a job in flight: the poller and the output wr
 read this snapshot, never the project.
 """
 
+from queue_app import references
 from queue_app.providers.base import ResolvedJob
 from queue_app.providers.catalogue import default_model, model_spec, resolve_option
 
@@ -44,8 +45,10 @@ def build(job, project, provider) -> dict:
     }
 
 
-def resolved_job(job, provider) -> ResolvedJob:
-    """What the adapter gets: the snapshot plus the provider's credentials and options."""
+def resolved_job(job, provider, *, submit: bool = False) -> ResolvedJob:
+    """What the adapter gets: the snapshot plus the provider's credentials and options.
+    `submit`: the references are sent, so uploaded and album images are read into data:
+    URIs (a poll or a collect needs none of them, and does not read the files)."""
     snap = job.resolved or {}
     return ResolvedJob(
         job_id=str(job.id),
@@ -54,7 +57,7 @@ def resolved_job(job, provider) -> ResolvedJob:
         kind=snap.get("kind", "image"),
         model=snap.get("model", ""),
         prompt=job.prompt,
-        references=list(job.references or []),
+        references=references.for_provider(job.references, job.owner_id) if submit else list(job.references or []),
         aspect_ratio=snap.get("aspect_ratio") or "",
         quality=snap.get("quality") or "",
         resolution=snap.get("resolution") or "",

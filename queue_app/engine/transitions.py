@@ -3,6 +3,7 @@
     draft ──start──▶ pending ──claim──▶ processing ──complete──▶ completed
                          ▲                 │  │
                          └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
+    pending/processing ──cancel──▶ failed (error_class "cancelled")
 
 A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
 one row changed. From the wrong state it is a no-op that returns False — never an
@@ -24,8 +25,9 @@ from django.utils import timezone
 
 from queue_app import notifications
 from queue_app.engine import events
+from queue_app.engine.attempts import attempts_cancel
 from queue_app.engine.leases import lease_expiry
-from queue_app.models import Job, Status
+from queue_app.models import ErrorClass, Job, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
 
@@ -320,3 +322,53 @@ def job_attach_task(job_id, token, *, task_id: str) -> bool:
         if changed:
             events.emit(job["project_id"], "job.submitted", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
     return bool(changed)
+
+
+CANCELLED_REASON = "cancelled"
+
+
+def jobs_cancel(job_ids, *, by: str = "user") -> list[dict]:
+    """pending/processing → failed with reason "cancelled" (error_class "cancelled"), at once.
+
+    A processing job frees its slot in the same UPDATE and its lease token goes, so the
+    worker still running it is fenced out: its result writes no file, no album item, and
+    no retry. Open attempts end as cancelled. The task id stays, as after a timeout: a
+    retry looks at the (cancelled) task first and submits anew once it finds it dead —
+    or collects it, if the provider finished it anyway.
+
+    Returns the moved jobs as {id, project_id, project__kind, status (before),
+    active_provider_id, task_id, resolved}, so the caller can cancel their remote tasks
+    after commit — never here, inside the transaction.
+    """
+    cancellable = (Status.PENDING, Status.PROCESSING)
+    with transaction.atomic(savepoint=False):
+        rows = list(
+            Job.objects.select_for_update(of=("self",))
+            .filter(id__in=list(job_ids), status__in=cancellable)
+            .values("id", "project_id", "project__kind", "status", "active_provider_id", "task_id", "resolved")
+        )
+        if not rows:
+            return []
+        ids = [row["id"] for row in rows]
+        processing = [row["id"] for row in rows if row["status"] == Status.PROCESSING]
+        attempts_cancel(processing, reason=f"cancelled by {by}", recorded_by=by)
+        Job.objects.filter(id__in=ids, status__in=cancellable).update(
+            status=Status.FAILED,
+            **SLOT_RELEASED,
+            lease_token=None,
+            error=CANCELLED_REASON,
+            error_class=ErrorClass.CANCELLED,
+            finished_at=timezone.now(),
+            not_before=None,
+            progress=None,
+            next_poll_at=None,
+        )
+        payload = {"error": CANCELLED_REASON, "error_class": ErrorClass.CANCELLED}
+        events.emit_grouped([(row["project_id"], "job.cancelled", row["id"], Status.FAILED, payload) for row in rows])
+        # Freed slots are refilled at once: a provider's, or a runner's (ComfyUI) place.
+        freed = [row for row in rows if row["status"] == Status.PROCESSING]
+        _after_commit_wake(
+            provider_ids={row["active_provider_id"] for row in freed},
+            project_ids={row["project_id"] for row in freed if not row["active_provider_id"]},
+        )
+    return rows

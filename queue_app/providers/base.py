@@ -6,6 +6,9 @@ An adapter module exposes:
     check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed
     POLL_SECONDS: float | None # how often a detached task of this family is checked
                                # (None: the default cycle, DETACHED_POLL_SECONDS = 30 s)
+    cancel(task_id: str, job: ResolvedJob) -> None   # optional: stop a remote task where
+                               # the API can (a user's cancel, the processing timeout);
+                               # raises on a refusal, which the caller only logs
 
 and raises PermanentError, TransientError or AmbiguousError. Adapters know nothing of
 Django models, views or the queue's internals: they get a ResolvedJob, return outputs or

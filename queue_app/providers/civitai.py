@@ -92,8 +92,9 @@ def _step(job: ResolvedJob) -> dict:
     extra = dict(spec.extra) if spec else {}
     match = AIR.match(job.model or "")
     width, height = _dimensions(job)
+    engine = job.params.get("engine") or extra.get("engine") or "sdcpp"
     inputs = {
-        "engine": job.params.get("engine") or extra.get("engine") or "sdcpp",
+        "engine": engine,
         "ecosystem": job.params.get("ecosystem") or extra.get("ecosystem") or (match.group(1).lower() if match else ""),
         "operation": "createVariant" if job.references else "createImage",
         "model": job.model,
@@ -101,7 +102,11 @@ def _step(job: ResolvedJob) -> dict:
         "width": width,
         "height": height,
     }
-    if job.references:
+    if job.references and engine == "openai":
+        # the openai engine edits with every reference (recipes/openai.md: editImage + images[])
+        inputs["operation"] = "editImage"
+        inputs["images"] = list(job.references)
+    elif job.references:
         inputs["image"] = job.references[0]
     for key in ("negativePrompt", "quantity", "seed", "steps", "cfgScale", "loras", "strength", "sampleMethod", "schedule"):
         if key in job.params:

@@ -219,3 +219,11 @@ def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
         return Failed(reason=f"{LABEL} video failed: {_video_error(body)}")
     # An unknown status: keep polling; the processing timeout bounds it.
     return Running()
+
+
+def cancel(task_id: str, job: ResolvedJob) -> None:
+    """Stop a video task: `DELETE /v1/videos/{id}` (only videos are detached tasks)."""
+    url = f"{_base(job)}/videos/{http.segment(task_id)}"
+    response = http.send("DELETE", url, create=False, label=LABEL, headers=_headers(job))
+    if response.status_code != 404:
+        _raise_for_status(response, create=False)

@@ -189,3 +189,12 @@ def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
         return Failed(reason=f"{LABEL} no longer knows prediction {task_id[:40]} (404: expired or deleted)")
     _raise_for_status(response, create=False)
     return _state(http.json_body(response, create=False, label=LABEL), job)
+
+
+def cancel(task_id: str, job: ResolvedJob) -> None:
+    """Cancel a prediction (`POST /v1/predictions/{id}/cancel`); a finished or unknown
+    one is left as it is (404 is fine: nothing runs any more)."""
+    url = f"{_base(job)}/predictions/{http.segment(task_id)}/cancel"
+    response = http.send("POST", url, create=False, label=LABEL, headers=_headers(job))
+    if response.status_code != 404:
+        _raise_for_status(response, create=False)

@@ -253,3 +253,21 @@ def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
     # CREATE / QUEUED / RUNNING, or a status we do not know: keep polling (bounded by
     # the processing timeout).
     return Running()
+
+
+# --- cancel ---------------------------------------------------------------------------
+
+
+def cancel(task_id: str, job: ResolvedJob) -> None:
+    """Cancel a task: the v2 API has no cancel endpoint, so this is the OpenAPI one on the
+    same host, `POST /task/openapi/cancel` with the key in the body ({"code": 0} = done)."""
+    http.segment(task_id)
+    base = _base(job)
+    host = base[: -len("/openapi/v2")] if base.endswith("/openapi/v2") else base
+    body = {"apiKey": job.api_key, "taskId": task_id}
+    response = http.send("POST", f"{host}/task/openapi/cancel", create=False, label=LABEL, json=body, headers=_headers(job))
+    if response.status_code >= 400:
+        raise TransientError(f"{LABEL} cancel answered HTTP {response.status_code}")
+    code, message, _ = _read(http.json_body(response, create=False, label=LABEL))
+    if code:
+        raise _error(code, message)

@@ -20,7 +20,8 @@ A finished task is handed to a worker (`worker/collect.py`), which re-reads the 
 (signed, expiring) URLs and writes it through the output writer, the same one as the
 synchronous path; completion frees the slot and wakes dispatch. Poll errors (network,
 5xx, bad JSON) never fail a job; the processing timeout does (JOB_PROCESSING_TIMEOUT_MS,
-counted from `task_observed_at`, which the recovery scan restarts). Two exceptions: a
+counted from `task_observed_at`, which the recovery scan restarts) and cancels the task at
+the provider where its API can (engine/remote_cancel.py). Two exceptions: a
 rejected key pauses the provider (the task keeps being checked), and a provider that
 refuses POLL_REFUSALS_TO_FAIL checks in a row fails the job with its reason.
 """
@@ -39,7 +40,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from queue_app import providers
-from queue_app.engine import enqueue, events, failpoints, runners
+from queue_app.engine import enqueue, events, failpoints, remote_cancel, runners
 from queue_app.engine.attempts import Outcome
 from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
@@ -270,6 +271,18 @@ def _time_out(job: Job, token) -> Applied:
     # The task id stays: a retry looks at the task first and collects it if it finished
     # late, instead of paying for a new one.
     failed = fail_checked(job, token, recorded_by=WORKER, outcome=Outcome.TIMEOUT, reason=reason, error_class="timeout")
+    if failed:
+        # Its slot is given away now: stop the task at the provider too, or it keeps
+        # running (and billing) beside the job that takes the slot. After the commit,
+        # best effort, like a user's cancel.
+        remote_cancel.cancel_task(
+            job_id=job.id,
+            project_id=job.project_id,
+            kind="",
+            provider_id=job.active_provider_id,
+            task_id=job.task_id,
+            resolved=job.resolved,
+        )
     return Applied.TIMEOUT if failed else Applied.SKIPPED
 
 

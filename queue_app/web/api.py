@@ -5,9 +5,9 @@ Authentication is the session (browser; CSRF checked on writes) or a personal AP
 project, provider or job answers 404 — never 403 — so ids cannot be probed.
 Errors are {"error": "<readable message>"} with the status code of the refusal.
 
-`Idempotency-Key` on the creating and starting endpoints (services.idempotent): the same
-key and body replays the first response, a different body answers 422, a request still
-running under that key answers 409. Keys are per user and kept at least 24 hours.
+`Idempotency-Key` on the creating, starting and cancelling endpoints (services.idempotent):
+the same key and body replays the first response, a different body answers 422, a request
+still running under that key answers 409. Keys are per user and kept at least 24 hours.
 """
 
 import json
@@ -194,7 +194,7 @@ def draft_settings(body) -> dict:
 def drafts_create(user, project: Project, body) -> tuple[dict, int]:
     from queue_app.models import Provider
 
-    unknown = set(body) - {"prompt", "quantity", "provider_id", "settings", "project_id", *SETTING_KEYS}
+    unknown = set(body) - {"prompt", "quantity", "provider_id", "settings", "project_id", "per_line", *SETTING_KEYS}
     if unknown:
         raise services.ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
     provider = None
@@ -204,6 +204,9 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
         if provider is None:
             raise services.ServiceError("provider not found", 404)
     quantity = body.get("quantity", 1)
+    per_line = body.get("per_line", False)
+    if not isinstance(per_line, bool):
+        raise services.ServiceError("per_line must be true or false")
     jobs = services.jobs_create_drafts(
         user=project.owner,
         project=project,
@@ -211,6 +214,7 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
         quantity=quantity,
         provider=provider,
         settings_=draft_settings(body),
+        per_line=per_line,
     )
     return {"project_id": project.id, "count": len(jobs), "jobs": [{"id": str(j.id), "status": j.status} for j in jobs]}, 201
 
@@ -260,6 +264,33 @@ def jobs_retry_view(request, body):
     for owner in get_user_model().objects.filter(id__in=owners):
         retried += services.jobs_retry(user=owner, job_ids=job_ids)["retried"]
     return answer({"retried": retried, "skipped": len(set(job_ids)) - len(retried)})
+
+
+def jobs_cancel(user, job_ids: list[str]) -> dict:
+    """Cancel pending/processing jobs the user may see (staff: anyone's); one that is not
+    visible makes the whole request 404, like a retry. The API and MCP share this."""
+    visible = selectors.visible_jobs(user).filter(id__in=job_ids)
+    if visible.count() != len(set(job_ids)):
+        raise services.ServiceError("job not found", 404)
+    from django.contrib.auth import get_user_model
+
+    cancelled = 0
+    for owner in get_user_model().objects.filter(id__in=set(visible.values_list("owner_id", flat=True))):
+        cancelled += services.jobs_cancel(user=owner, job_ids=job_ids)["cancelled"]
+    return {"cancelled": cancelled, "skipped": len(set(job_ids)) - cancelled}
+
+
+@endpoint("POST")
+def jobs_cancel_view(request, body):
+    job_ids = uuid_list(body.get("job_ids"))
+    payload, code = services.idempotent(
+        user=request.user,
+        key=request.headers.get("Idempotency-Key"),
+        scope="cancel",
+        body=body,
+        run=lambda: (jobs_cancel(request.user, job_ids), 200),
+    )
+    return answer(payload, code)
 
 
 @endpoint("GET")

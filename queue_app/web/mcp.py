@@ -6,7 +6,8 @@ answers (the spec lets a server answer a request with application/json instead o
 SSE stream; GET, for a server-initiated stream, answers 405). Authenticated by the
 personal API token (`Authorization: Bearer rsq_…`), like the JSON API.
 
-Tools: get_queue_status, clear_failed_jobs, retry_failed_jobs, create_drafts, start_jobs.
+Tools: get_queue_status, clear_failed_jobs, retry_failed_jobs, create_drafts, start_jobs,
+cancel_jobs.
 """
 
 import json
@@ -16,7 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import selectors, services
+from queue_app import references, selectors, services
 from queue_app.web import api, tokens
 
 log = logging.getLogger(__name__)
@@ -64,14 +65,23 @@ TOOLS = [
     {
         "name": "create_drafts",
         "title": "Create drafts",
-        "description": "Create `quantity` drafts of one prompt in a project (output settings optional).",
+        "description": "Create `quantity` drafts of one prompt in a project (output settings optional); with "
+        "per_line: true, `quantity` drafts of each non-blank line of the prompt.",
         "inputSchema": {
             "type": "object",
             "properties": {
                 "project_id": {"type": "integer"},
                 "prompt": {"type": "string"},
                 "quantity": {"type": "integer", "minimum": 1, "maximum": services.MAX_DRAFTS_PER_REQUEST, "default": 1},
-                "settings": {"type": "object", "description": "aspect_ratio, quality, resolution, format, duration, sound"},
+                "per_line": {"type": "boolean", "default": False, "description": "one draft per non-blank line"},
+                "provider_id": {"type": "integer", "description": "this draft's provider (default: the project's)"},
+                "references": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "maxItems": references.MAX_REFERENCES,
+                    "description": "reference images: ref:<sha256>, album:<id>, a data: URI or an https URL",
+                },
+                "settings": {"type": "object", "description": "model, aspect_ratio, quality, resolution, format, duration"},
             },
             "required": ["project_id", "prompt"],
         },
@@ -89,6 +99,26 @@ TOOLS = [
             },
             "required": ["project_id"],
         },
+    },
+    {
+        "name": "cancel_jobs",
+        "title": "Cancel jobs",
+        "description": 'Cancel pending or processing jobs (job_ids): each fails at once with reason "cancelled"; '
+        "a running call's result is discarded and a remote task is cancelled at the provider where its API can. "
+        "Drafts and finished jobs are skipped. Cancelled jobs can be retried or cleared like failed ones.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "job_ids": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": 1,
+                    "maxItems": services.MAX_DRAFTS_PER_REQUEST,
+                }
+            },
+            "required": ["job_ids"],
+        },
+        "annotations": {"destructiveHint": True, "idempotentHint": True},
     },
 ]
 
@@ -132,12 +162,17 @@ def tool_start_jobs(user, args: dict) -> dict:
     return services.jobs_start(user=project.owner, project=project, job_ids=job_ids, all_drafts=all_drafts)
 
 
+def tool_cancel_jobs(user, args: dict) -> dict:
+    return api.jobs_cancel(user, api.uuid_list(args.get("job_ids")))
+
+
 HANDLERS = {
     "get_queue_status": tool_get_queue_status,
     "clear_failed_jobs": tool_clear_failed_jobs,
     "retry_failed_jobs": tool_retry_failed_jobs,
     "create_drafts": tool_create_drafts,
     "start_jobs": tool_start_jobs,
+    "cancel_jobs": tool_cancel_jobs,
 }
 
 

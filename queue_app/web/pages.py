@@ -1,7 +1,6 @@
 """Pages. Thin: parse, call one service or selector, render. Every lookup is scoped to
 the signed-in user, so another user's project, provider or job answers 404."""
 
-from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, Count, IntegerField, Value, When
@@ -12,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
-from queue_app.models import AlbumItem, ApiToken, Job, Kind, Project, Status
+from queue_app.models import AlbumItem, ApiToken, Kind, Project, Status
 from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files, tokens
 
@@ -76,7 +75,6 @@ def project_context(request, project: Project) -> dict:
     providers = selectors.visible_providers(request.user)
     live = heartbeats.liveness(now=now)
     counts = dict(project.jobs.values_list("status").annotate(n=Count("id")).order_by())
-    drafts = list(project.jobs.filter(status=Status.DRAFT).select_related("project").order_by("created_at", "id")[:SECTION_LIMIT])
     order = Case(
         When(status=Status.PROCESSING, then=Value(0)),
         When(status=Status.PENDING, then=Value(1)),
@@ -91,7 +89,8 @@ def project_context(request, project: Project) -> dict:
     )
     queue = [selectors.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
     groups, album_total = album_groups(project)
-    chosen_model = request.GET.get("model") or project.model
+    from queue_app.web import drafts  # the drafts section: its list page and the add form's fields
+
     storage = selectors.storage_summary(project.owner, project=project)
     return {
         "storage": storage,
@@ -100,16 +99,14 @@ def project_context(request, project: Project) -> dict:
         "quantity_max": max(1, min(services.MAX_DRAFTS_PER_REQUEST, storage["fits_now"])),
         "project": project,
         "counts": counts,
-        "drafts": drafts,
+        **drafts.drafts_context(request, project),
         "drafts_total": counts.get(Status.DRAFT, 0),
         "queue": queue,
         "queue_total": sum(counts.get(s, 0) for s in (Status.PENDING, Status.PROCESSING, Status.FAILED)),
         "failed_total": counts.get(Status.FAILED, 0),
         "album": groups,
         "album_total": album_total,
-        "models": model_choices(project),
-        "chosen_model": chosen_model,
-        "options": option_lists(project, chosen_model),
+        "album_counts": selectors.album_counts(project),
         "last_seq": events.last_seq(project.id),
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
@@ -170,21 +167,6 @@ def project_retry(request, project_id):
     return _back_to(project, request)
 
 
-@login_required
-@require_POST
-def project_delete_drafts(request, project_id):
-    project = own(Project, request.user, id=project_id)
-    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
-    if request.POST.get("all") == "1":
-        ids = list(project.jobs.filter(status=Status.DRAFT).values_list("id", flat=True))
-    if not ids:
-        messages.error(request, "no drafts selected: tick the drafts to delete first")
-        return _back_to(project, request)
-    deleted = services.drafts_delete(user=project.owner, project=project, job_ids=ids)
-    messages.success(request, f"{deleted} draft{'s' if deleted != 1 else ''} deleted")
-    return _back_to(project, request)
-
-
 def _is_uuid(value) -> bool:
     import uuid
 
@@ -193,68 +175,6 @@ def _is_uuid(value) -> bool:
         return True
     except ValueError:
         return False
-
-
-class DraftForm(forms.Form):
-    prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=services.MAX_PROMPT_CHARS)
-    quantity = forms.IntegerField(min_value=1, max_value=services.MAX_DRAFTS_PER_REQUEST, initial=1)
-    model = forms.CharField(required=False, max_length=200)
-    aspect_ratio = forms.CharField(required=False, max_length=30)
-    quality = forms.CharField(required=False, max_length=30)
-    resolution = forms.CharField(required=False, max_length=30)
-    format = forms.CharField(required=False, max_length=10)
-    background = forms.CharField(required=False, max_length=20)
-    duration = forms.CharField(required=False, max_length=5)
-    sound = forms.CharField(required=False, max_length=10)
-
-
-def draft_settings(project: Project, data: dict) -> dict:
-    """The output settings of a draft form, each within what the chosen model offers
-    (blank: the project's setting, resolved at claim)."""
-    model = data.get("model") or ""
-    allowed_models = [choice[0] for choice in model_choices(project)]
-    if model and allowed_models and model not in allowed_models:
-        raise services.ServiceError(f"model {model!r} is not offered by this project's provider")
-    offered = option_lists(project, model or project.model)
-    values = {"model": model} if model else {}
-    for name, allowed in offered.items():
-        value = (data.get(name) or "").strip()
-        if not value:
-            continue
-        if allowed and value not in allowed:
-            raise services.ServiceError(f"{name.replace('_', ' ')} {value!r} is not offered by the model")
-        values[name] = int(value) if name == "duration" and value.isdigit() else value
-    if "duration" in values and not isinstance(values["duration"], int):
-        raise services.ServiceError("duration must be a whole number of seconds")
-    return values
-
-
-@login_required
-@require_POST
-def project_drafts(request, project_id):
-    project = own(Project, request.user, id=project_id)
-    form = DraftForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
-        return _back_to(project, request)
-    try:
-        jobs = services.jobs_create_drafts(
-            user=project.owner,
-            project=project,
-            prompt=form.cleaned_data["prompt"],
-            quantity=form.cleaned_data["quantity"],
-            settings_=draft_settings(project, form.cleaned_data),
-        )
-        messages.success(request, f"{len(jobs)} draft(s) created")
-    except services.ServiceError as error:
-        messages.error(request, error.message)
-    return _back_to(project, request)
-
-
-@login_required
-def job_detail(request, job_id):
-    job = own(Job, request.user, id=job_id)
-    return render(request, "queue_app/job_detail.html", {"job": job, "attempts": job.attempt_log.all()})
 
 
 # --- Providers --------------------------------------------------------------------------

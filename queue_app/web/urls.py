@@ -1,6 +1,19 @@
 from django.urls import path
 
-from queue_app.web import api, api_manage, mcp, monitor, pages, projects, providers
+from queue_app.web import (
+    album_pages,
+    api,
+    api_drafts,
+    api_manage,
+    cancel,
+    drafts,
+    job_page,
+    mcp,
+    monitor,
+    pages,
+    projects,
+    providers,
+)
 
 urlpatterns = [
     # pages
@@ -12,9 +25,16 @@ urlpatterns = [
     path("projects/<int:project_id>/", pages.project_detail, name="project_detail"),
     path("projects/<int:project_id>/start", pages.project_start, name="project_start"),
     path("projects/<int:project_id>/retry", pages.project_retry, name="project_retry"),
-    path("projects/<int:project_id>/drafts", pages.project_drafts, name="project_drafts"),
-    path("projects/<int:project_id>/drafts/delete", pages.project_delete_drafts, name="project_delete_drafts"),
-    path("jobs/<uuid:job_id>/", pages.job_detail, name="job_detail"),
+    path("projects/<int:project_id>/drafts", drafts.drafts_add, name="project_drafts"),
+    path("projects/<int:project_id>/drafts/delete", drafts.drafts_delete, name="project_delete_drafts"),
+    path("projects/<int:project_id>/drafts/duplicate", drafts.drafts_duplicate, name="drafts_duplicate"),
+    path("projects/<int:project_id>/drafts/options", drafts.draft_options, name="draft_options"),
+    path("projects/<int:project_id>/drafts/<uuid:job_id>/edit", drafts.draft_edit, name="draft_edit"),
+    path("references/<str:sha256>", drafts.reference_file, name="reference_file"),
+    path("projects/<int:project_id>/cancel", cancel.project_cancel, name="project_cancel"),
+    path("jobs/<uuid:job_id>/", job_page.job_detail, name="job_detail"),
+    path("jobs/<uuid:job_id>/cancel", cancel.job_cancel, name="job_cancel"),
+    path("jobs/<uuid:job_id>/retry", job_page.job_retry, name="job_retry"),
     path("providers/", providers.provider_list, name="provider_list"),
     path("providers/new", providers.provider_edit, name="provider_new"),
     path("providers/<int:provider_id>/", providers.provider_edit, name="provider_edit"),
@@ -22,6 +42,8 @@ urlpatterns = [
     path("providers/<int:provider_id>/delete", providers.provider_delete, name="provider_delete"),
     path("album/<int:item_id>/file", pages.album_file, name="album_file"),
     path("album/<int:item_id>/poster", pages.album_file, {"variant": "poster"}, name="album_poster"),
+    path("album/<int:item_id>/delete", album_pages.album_delete, name="album_delete"),
+    path("projects/<int:project_id>/album.zip", album_pages.album_download, name="album_zip"),
     path("account/", pages.account, name="account"),
     path("account/tokens", pages.account_token_create, name="account_token_create"),
     path("account/tokens/<int:token_id>/revoke", pages.account_token_revoke, name="account_token_revoke"),
@@ -29,6 +51,7 @@ urlpatterns = [
     path("queue/", monitor.monitor, name="queue_monitor"),
     path("queue/providers/<int:provider_id>/<str:action>", monitor.provider_action, name="monitor_provider_action"),
     path("queue/failed/<str:action>", monitor.failed_action, name="monitor_failed_action"),
+    path("queue/cancel", cancel.monitor_cancel, name="monitor_cancel"),
     # JSON API (documented in the README)
     path("api/queue/status", api.queue_status_view, name="api_queue_status"),
     path("api/queue/clear-failed", api.clear_failed_view, name="api_clear_failed"),
@@ -37,6 +60,8 @@ urlpatterns = [
     path("api/projects/<int:project_id>/start", api.start_view, name="api_start"),
     path("api/projects/<int:project_id>/jobs", api.project_jobs_view, name="api_project_jobs"),
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
+    path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
+    path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
     path("api/projects", api_manage.projects_view, name="api_projects"),
     path("api/projects/<int:project_id>", api_manage.project_view, name="api_project"),
     path("api/providers", api_manage.providers_view, name="api_providers"),

@@ -21,13 +21,13 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import dispatch, failpoints, transitions
+from queue_app.engine import dispatch, failpoints, remote_cancel, transitions
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
 from queue_app.engine.results import Applied, fail_job, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, JobAttempt, Provider
+from queue_app.models import ErrorClass, Job, JobAttempt, Provider, Status
 from queue_app.providers import adapter_for, poll_seconds
 from queue_app.providers.base import (
     AccountError,
@@ -96,7 +96,7 @@ def _adoptable(job: Job) -> bool:
 
 def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper) -> int | None:
     adapter = adapter_for(provider.family)
-    request = resolved_job(job, provider)
+    request = resolved_job(job, provider, submit=True)
     failpoints.hit("after_claim_before_submit")
     if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
@@ -127,6 +127,7 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
         return _handle_failure(job, token, provider, attempt, result)
     if keeper.lost.is_set():
         attempt_finish(attempt.id, Outcome.LOST, "lease lost while the provider worked")
+        _stop_if_cancelled(job, provider, result)
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
@@ -134,10 +135,27 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
             attempt_finish(attempt.id, Outcome.DETACHED, task_id=result.task_id)
         else:
             attempt_finish(attempt.id, Outcome.LOST, "job taken before the task id was stored", result.task_id)
+            _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
     stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets)
     return None if stored is Applied.SKIPPED else provider.id
+
+
+def _stop_if_cancelled(job: Job, provider: Provider, result) -> None:
+    """A task submitted while the user cancelled its job: nobody will poll it, so it is
+    cancelled at the provider too (best effort, like every remote cancel)."""
+    if not isinstance(result, Submitted):
+        return
+    if Job.objects.filter(id=job.id, status=Status.FAILED, error_class=ErrorClass.CANCELLED).exists():
+        remote_cancel.cancel_task(
+            job_id=job.id,
+            project_id=job.project_id,
+            kind="",
+            provider_id=provider.id,
+            task_id=result.task_id,
+            resolved=job.resolved,
+        )
 
 
 def _adopt(adapter, job: Job, request):

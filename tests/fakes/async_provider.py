@@ -7,7 +7,9 @@ It speaks RunningHub's v2 shapes (../shared/providers/runninghub.md):
   `fail_code`;
 - `GET /files/{task}/{n}.png` → a real PNG (the outputs are downloaded from here), or the
   `file=(bytes, content type)` it was given: a hostile server's bytes under any header;
-- `immediate=True`: the submit answers SUCCESS with its results at once (no polling).
+- `immediate=True`: the submit answers SUCCESS with its results at once (no polling);
+- `POST /task/openapi/cancel` with `{"apiKey", "taskId"}` → `{"code": 0}`; the task then
+  answers CANCEL, and its id is listed in `cancelled`.
 Everything it saw is counted, so a test can assert that nothing was submitted twice.
 
 Use it as a context manager; `url` is its base (`http://127.0.0.1:<port>`), so tests put
@@ -48,6 +50,7 @@ class FakeAsyncProvider:
         self.tasks: dict[str, dict] = {}
         self.hits = Counter()
         self.bodies: list[dict] = []
+        self.cancelled: list[str] = []
         self._ids = itertools.count(2047154150516862978)
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -99,6 +102,8 @@ class FakeAsyncProvider:
                 return {"taskId": task_id, "status": "", "errorCode": "807", "errorMessage": "APIKEY_TASK_NOT_FOUND"}
             task["queries"] += 1
             done = task["queries"] > self.polls_before_done
+            if task.get("cancelled"):
+                return {"taskId": task_id, "status": "CANCEL", "errorCode": "", "errorMessage": "", "results": None}
         if not done:
             return {"taskId": task_id, "status": "RUNNING", "errorCode": "", "errorMessage": "", "results": None}
         if self.fail_code:
@@ -110,6 +115,18 @@ class FakeAsyncProvider:
                 "failedReason": {"node_id": "9", "exception_type": "RuntimeError"},
             }
         return {"taskId": task_id, "status": "SUCCESS", "errorCode": "", "errorMessage": "", "results": self._results(task_id)}
+
+    def _cancel(self, body: dict) -> dict:
+        with self._lock:
+            self.hits["cancel"] += 1
+            task = self.tasks.get(str(body.get("taskId")))
+            if not body.get("apiKey"):
+                return {"code": 802, "msg": "APIKEY_INVALID", "data": None}
+            if task is None:
+                return {"code": 807, "msg": "APIKEY_TASK_NOT_FOUND", "data": None}
+            task["cancelled"] = True
+            self.cancelled.append(str(body["taskId"]))
+        return {"code": 0, "msg": "success", "data": None}
 
     def _handler(self):
         fake = self
@@ -137,6 +154,8 @@ class FakeAsyncProvider:
                     return self._json(
                         200, {"taskId": "", "status": "", "errorCode": "802", "errorMessage": "APIKEY_UNAUTHORIZED"}
                     )
+                if self.path == "/task/openapi/cancel":
+                    return self._json(200, fake._cancel(body))
                 if self.path == "/openapi/v2/query":
                     fake.hits["query"] += 1
                     return self._json(200, fake._query(str(body.get("taskId"))))

@@ -1,0 +1,66 @@
+"""JSON API of one draft: `PATCH /api/drafts/<id>` edits it (only the keys sent change;
+`provider_id: null` returns it to the project's provider), `DELETE` deletes it. The same
+services and reference checks as the project page (queue_app.web.drafts)."""
+
+import json
+
+from queue_app import services
+from queue_app.models import Job, Provider, Status
+from queue_app.web.api import SETTING_KEYS, answer, endpoint, whole_number
+
+
+def draft_payload(job: Job) -> dict:
+    return {
+        "id": str(job.id),
+        "status": job.status,
+        "prompt": job.prompt,
+        "provider_id": job.provider_id,
+        "references": job.references,
+        "settings": {name: getattr(job, name) for name in (*services.DRAFT_FIELDS, "duration", "params")},
+    }
+
+
+def patch_body(request) -> dict:
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise services.ServiceError("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise services.ServiceError("the body must be a JSON object")
+    unknown = set(body) - {"prompt", "provider_id", "settings", *SETTING_KEYS}
+    if unknown:
+        raise services.ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    if body.get("settings") is not None and not isinstance(body["settings"], dict):
+        raise services.ServiceError("settings must be an object")
+    return body
+
+
+@endpoint("PATCH", "DELETE")
+def draft_view(request, body, job_id):
+    job = Job.objects.filter(id=job_id, owner=request.user).select_related("project", "provider").first()
+    if job is None:
+        raise services.ServiceError("draft not found", 404)
+    if job.status != Status.DRAFT:
+        raise services.ServiceError("this job is no longer a draft (it was started)", 409)
+    if request.method == "DELETE":
+        services.drafts_delete(user=request.user, project=job.project, job_ids=[job.id])
+        return answer({"deleted": 1})
+    body = patch_body(request)
+    settings_ = {name: getattr(job, name) for name in (*services.DRAFT_FIELDS, "duration", "params", "references")}
+    settings_.update(body.get("settings") or {})
+    settings_.update({key: body[key] for key in SETTING_KEYS if key in body})
+    provider = job.provider
+    if "provider_id" in body:
+        if "model" not in body and "model" not in (body.get("settings") or {}):
+            settings_["model"] = ""  # another provider: its default model unless one is named
+        provider = None
+        if body["provider_id"] is not None:
+            provider_id = whole_number(body["provider_id"], "provider_id", low=1, high=2**62)
+            provider = Provider.objects.filter(id=provider_id, owner=request.user).first()
+            if provider is None:
+                raise services.ServiceError("provider not found", 404)
+    prompt = body["prompt"] if "prompt" in body else job.prompt
+    if not isinstance(prompt, str):
+        raise services.ServiceError("prompt must be text")
+    job = services.draft_update(user=request.user, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
+    return answer(draft_payload(job))

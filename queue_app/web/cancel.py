@@ -1,0 +1,65 @@
+"""The Cancel buttons: on the project page (a row, or the selected jobs), the job page and
+the Queue Monitor. Thin like every page: the service does the work (services.jobs_cancel);
+lookups go through the same ownership helpers as the other pages (staff may act on
+everyone's jobs, like on the monitor's retry and clear)."""
+
+import uuid
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from queue_app import selectors, services
+from queue_app.models import Job, Project
+from queue_app.web import api, monitor, pages
+
+
+def _ids(values) -> list[str]:
+    ids = []
+    for value in values:
+        try:
+            ids.append(str(uuid.UUID(str(value))))
+        except ValueError:
+            continue
+    return ids
+
+
+def _say(request, result: dict) -> None:
+    skipped = f"; {result['skipped']} skipped (not pending or processing)" if result["skipped"] else ""
+    messages.success(request, f"{result['cancelled']} job(s) cancelled{skipped}")
+
+
+@login_required
+@require_POST
+def project_cancel(request, project_id):
+    """One row's Cancel (`only`) or the ticked jobs (`job`) of a project."""
+    project = pages.own(Project, request.user, id=project_id)
+    ids = _ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
+    ids = [str(i) for i in project.jobs.filter(id__in=ids).values_list("id", flat=True)]
+    if not ids:
+        messages.error(request, "select pending or processing jobs first")
+    else:
+        _say(request, services.jobs_cancel(user=project.owner, job_ids=ids))
+    return pages._back_to(project, request)
+
+
+@login_required
+@require_POST
+def job_cancel(request, job_id):
+    job = pages.own(Job, request.user, id=job_id)
+    _say(request, services.jobs_cancel(user=job.owner, job_ids=[job.id]))
+    return redirect("job_detail", job_id=job.id)
+
+
+@login_required
+@require_POST
+def monitor_cancel(request):
+    """A monitor row's Cancel (or several ticked rows); back to the monitor view it came from."""
+    ids = _ids(request.POST.getlist("job"))
+    ids = [str(i) for i in selectors.visible_jobs(request.user).filter(id__in=ids).values_list("id", flat=True)]
+    if not ids:
+        messages.error(request, "select pending or processing jobs first")
+    else:
+        _say(request, api.jobs_cancel(request.user, ids))
+    return monitor.back(request)

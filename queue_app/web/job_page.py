@@ -1,0 +1,44 @@
+"""The job page: what a job was resolved to, what it produced, every attempt, Retry.
+
+Thin like every page: the lookup is scoped to the signed-in user (`pages.own`), the
+read is `selectors.job_detail`, the retry is `services.jobs_retry`. `?fragment=1`
+answers the sections alone, which the page's live-update script swaps in.
+"""
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from queue_app import selectors, services
+from queue_app.engine import events
+from queue_app.models import Job
+from queue_app.web.pages import own
+
+
+@login_required
+def job_detail(request, job_id):
+    job = own(Job, request.user, id=job_id)
+    context = selectors.job_detail(job, user=request.user)
+    context["params_text"] = json.dumps(context["params"], indent=2, sort_keys=True) if context["params"] else ""
+    if request.GET.get("fragment"):
+        return render(request, "queue_app/job_sections.html", context)
+    context["last_seq"] = events.last_seq(job.project_id)
+    return render(request, "queue_app/job_detail.html", context)
+
+
+@login_required
+@require_POST
+def job_retry(request, job_id):
+    job = own(Job, request.user, id=job_id)
+    try:
+        result = services.jobs_retry(user=job.owner, job_ids=[job.id])
+        if result["retried"]:
+            messages.success(request, "job retried")
+        else:
+            messages.error(request, "only a failed job can be retried")
+    except services.ServiceError as error:
+        messages.error(request, error.message)
+    return redirect("job_detail", job_id=job.id)
