@@ -13,3 +13,7 @@ class ComfyAppConfig(AppConfig):
         from queue_app.models import Kind
 
         runners.register(Kind.COMFYUI, RUNNER)
+
+        from comfy_app import allowed_hosts
+
+        allowed_hosts.register()

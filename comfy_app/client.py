@@ -22,6 +22,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 
+from comfy_app import allowed_hosts
 from queue_app.providers import crypto, net
 
 log = logging.getLogger(__name__)
@@ -158,9 +159,10 @@ class ComfyClient:
     def _raw(self, method: str, path: str, *, timeout=TIMEOUT, headers=None, **kwargs) -> requests.Response:
         url = self.base_url + path
         try:
-            return net.request(method, url, timeout=timeout, headers=headers or {}, **kwargs)
+            with net.purpose(allowed_hosts.PURPOSE):  # the private hosts staff allowed for ComfyUI
+                return net.request(method, url, timeout=timeout, headers=headers or {}, **kwargs)
         except net.UnsafeURL as error:
-            raise BadAddress(f"the ComfyUI address is not allowed: {error}") from None
+            raise BadAddress(allowed_hosts.refusal(error)) from None
         except net.TooLarge as error:
             raise CheckFailed(str(error)) from None
         except requests.ConnectTimeout:
@@ -222,6 +224,24 @@ class ComfyClient:
                 if isinstance(item, list) and len(item) > 1:
                     states[str(item[1])] = state
         return states
+
+    def highest_number(self) -> float | None:
+        """The highest prompt `number` ComfyUI holds (queued, running, or its latest history
+        entry); None when it holds none. The counter only grows while the server runs and
+        starts again at 0 when it restarts (17_server_restart): a prompt of ours that is
+        gone, with nothing numbered at or above it, was lost to a restart."""
+        numbers = []
+        body = self._json("GET", "/queue")
+        for key in ("queue_running", "queue_pending"):
+            for item in (body.get(key) if isinstance(body, dict) else None) or []:
+                if isinstance(item, list) and item and isinstance(item[0], int | float):
+                    numbers.append(item[0])
+        latest = self._json("GET", "/history?max_items=1")
+        for entry in latest.values() if isinstance(latest, dict) else []:
+            prompt = entry.get("prompt") if isinstance(entry, dict) else None
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int | float):
+                numbers.append(prompt[0])
+        return max(numbers) if numbers else None
 
     def history(self, prompt_id: str) -> dict | None:
         """The history entry of `prompt_id`, or None while ComfyUI has none (`200 {}`)."""

@@ -7,6 +7,7 @@ phase each in-flight job is in at the instance.
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 
 from queue_app.models import Job, Project
@@ -37,6 +38,10 @@ class ComfyInstance(models.Model):
     driver = models.CharField(max_length=200, blank=True, default="")
     driver_until = models.DateTimeField(null=True, blank=True)
     unreachable_since = models.DateTimeField(null=True, blank=True)
+    # When the instance last answered again after not answering: a prompt posted before
+    # this that ComfyUI no longer knows was lost to a restart (ComfyUI keeps its queue and
+    # history in memory and reports no start time), so it is posted again.
+    back_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     last_checked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -87,8 +92,13 @@ class ComfyRun(models.Model):
     remote_state = models.CharField(max_length=12, blank=True, default="")
     missing_checks = models.PositiveSmallIntegerField(default=0)
     posted_at = models.DateTimeField(null=True, blank=True)
+    # ComfyUI's `number` for our prompt (POST /prompt's answer): a restart starts the
+    # counter again, which tells a prompt lost to a restart from one merely late.
+    remote_number = models.FloatField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     warnings = models.TextField(blank=True, default="")
+    # The node the last progress came from ("node 3 (KSampler)"); Job.progress is its value/max.
+    progress_node = models.CharField(max_length=200, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -96,3 +106,44 @@ class ComfyRun(models.Model):
 
     def __str__(self):
         return f"ComfyUI run of job {self.job_id} ({self.phase})"
+
+
+class ComfyUpload(models.Model):
+    """One reference upload per content, per instance address: the unique row is claimed
+    before the instance is asked, so two jobs starting together with one reference upload
+    it once (the second waits for the first's `stored_as`)."""
+
+    instance = models.ForeignKey(ComfyInstance, on_delete=models.CASCADE, related_name="uploads")
+    address = models.CharField(max_length=500)
+    name = models.CharField(max_length=200)  # the content-hash file name
+    stored_as = models.CharField(max_length=500, blank=True, default="")  # what LoadImage takes; "" while uploading
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["instance", "address", "name"], name="comfyupload_one_per_content")]
+
+    def __str__(self):
+        return f"{self.name} on instance {self.instance_id}"
+
+
+class ComfyAllowedHost(models.Model):
+    """A private or local host staff allow ComfyUI instances at (127.0.0.1:8188, a LAN
+    address): exempt from the outbound private-address guard for ComfyUI calls only, plain
+    http included when `allow_http`. Read on every check (comfy_app/allowed_hosts.py)."""
+
+    address = models.CharField(max_length=260, unique=True, help_text="host or host:port, e.g. 192.168.1.20:8188")
+    allow_http = models.BooleanField(default=True, help_text="also allow plain http (most local ComfyUI instances)")
+    note = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["address"]
+
+    def __str__(self):
+        return self.address
+
+    def entry(self) -> str:
+        """As net.py's OUTBOUND_ALLOWLIST entries are written."""
+        return f"http://{self.address}" if self.allow_http else self.address

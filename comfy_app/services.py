@@ -2,9 +2,9 @@
 
 import json
 
+from comfy_app import allowed_hosts, workflow
 from comfy_app import client as comfy
-from comfy_app import workflow
-from comfy_app.models import ComfyInstance
+from comfy_app.models import ComfyAllowedHost, ComfyInstance
 from queue_app.models import Kind, Project
 from queue_app.providers import net
 from queue_app.services import ServiceError
@@ -27,9 +27,10 @@ def check_address(url: str) -> str:
     if not url:
         return ""
     try:
-        net.check_url(url)
+        with net.purpose(allowed_hosts.PURPOSE):
+            net.check_url(url)
     except net.UnsafeURL as error:
-        raise ServiceError(f"the ComfyUI address is not allowed: {error}") from None
+        raise ServiceError(allowed_hosts.refusal(error)) from None
     return url
 
 
@@ -84,14 +85,21 @@ def comfy_settings_save(
     return instance
 
 
-def comfy_test_connection(*, user, project: Project, base_url: str | None = None) -> dict:
-    """{ok, url, version, device, vram_total, vram_free} or {ok: False, url, error}."""
+def comfy_test_connection(
+    *, user, project: Project, base_url: str | None = None, username: str | None = None, password: str | None = None
+) -> dict:
+    """{ok, url, version, device, vram_total, vram_free} or {ok: False, url, error}. Tests
+    what the form holds (address, user, password) where given, the saved values otherwise."""
     _own_comfy_project(user, project)
     instance = instance_of(project)
     url = comfy.normalise_url(base_url if base_url else instance.base_url)
+    username = instance.username if username is None else username
+    password = password or instance.password
     try:
         check_address(url)
-        client = comfy.ComfyClient(url, username=instance.username, password=instance.password)
+        if not url:
+            raise ServiceError("no ComfyUI address is set")
+        client = comfy.ComfyClient(url, username=username, password=password)
         stats = client.system_stats()
     except ServiceError as error:
         return {"ok": False, "url": url, "error": error.message}
@@ -108,3 +116,35 @@ def comfy_test_connection(*, user, project: Project, base_url: str | None = None
         "vram_total": device.get("vram_total"),
         "vram_free": device.get("vram_free"),
     }
+
+
+# --- private hosts staff allow for ComfyUI instances ------------------------------------
+
+
+def _staff(user) -> None:
+    if not (user and user.is_staff):
+        raise ServiceError("only staff can change the hosts allowed for ComfyUI", 403)
+
+
+def allowed_host_add(*, user, address: str, allow_http: bool = True, note: str = "") -> ComfyAllowedHost:
+    """Allow ComfyUI instances at a private or local host; effective at once, ComfyUI only."""
+    _staff(user)
+    try:
+        host, scheme_http = allowed_hosts.normalise(address)
+    except ValueError as error:
+        raise ServiceError(str(error)) from None
+    if scheme_http is not None:
+        allow_http = scheme_http
+    row, _ = ComfyAllowedHost.objects.update_or_create(
+        address=host, defaults={"allow_http": allow_http, "note": (note or "")[:200], "created_by": user}
+    )
+    return row
+
+
+def allowed_host_remove(*, user, host_id: int) -> bool:
+    _staff(user)
+    return bool(ComfyAllowedHost.objects.filter(id=host_id).delete()[0])
+
+
+def allowed_hosts_list() -> list:
+    return list(ComfyAllowedHost.objects.select_related("created_by"))

@@ -6,12 +6,12 @@ import json
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from comfy_app import services
-from comfy_app.workflow import KINDS
+from comfy_app import allowed_hosts, services, setup
+from comfy_app.workflow import KINDS, WorkflowError
 from queue_app.models import Kind, Project
 from queue_app.services import ServiceError
 
@@ -42,10 +42,17 @@ class ComfySettingsForm(forms.Form):
         f'"kind": {" | ".join(KINDS)}}}. Seeds left unbound are re-rolled per job.',
     )
     include_video = forms.BooleanField(required=False, label="Also store video outputs")
+    workflow_file = forms.FileField(
+        required=False,
+        label="…or upload the workflow",
+        help_text="The .json ComfyUI exports with “Save (API Format)”; it replaces the text above.",
+        widget=forms.ClearableFileInput(attrs={"accept": ".json,application/json"}),
+    )
 
 
 @login_required
 def comfy_settings(request, project_id):
+    """Save, or ("Test connection") test what the form holds and show it again, kept."""
     project = own_comfy_project(request.user, project_id)
     instance = services.instance_of(project)
     initial = {
@@ -55,30 +62,73 @@ def comfy_settings(request, project_id):
         "bindings": json.dumps(instance.bindings, indent=2) if instance.bindings else "",
         "include_video": instance.include_video,
     }
-    form = ComfySettingsForm(request.POST or None, initial=initial)
+    form = ComfySettingsForm(request.POST or None, request.FILES or None, initial=initial)
+    test_result = None
+    workflow, bindings = instance.workflow, instance.bindings
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            services.comfy_settings_save(
-                user=request.user,
-                project=project,
-                base_url=data["base_url"],
-                username=data["username"],
-                password=data["password"] or None,
-                clear_password=data["clear_password"],
-                workflow_json=data["workflow"],
-                bindings=data["bindings"],
-                include_video=data["include_video"],
-            )
-            messages.success(request, "ComfyUI settings saved")
-            return redirect("comfy_settings", project_id=project.id)
-        except ServiceError as error:
-            form.add_error(None, error.message)
-    return render(
-        request,
-        "comfy_app/settings.html",
-        {"project": project, "instance": instance, "form": form, "password_hint": "set" if instance.password_encrypted else ""},
-    )
+            workflow_text, workflow, bindings = _posted_setup(request, data)
+        except (ServiceError, WorkflowError) as error:
+            form.add_error(None, getattr(error, "message", None) or str(error))
+        else:
+            if request.POST.get("action") == "test":
+                test_result = services.comfy_test_connection(
+                    user=request.user,
+                    project=project,
+                    base_url=data["base_url"],
+                    username=data["username"],
+                    password=data["password"] or None,
+                )
+                kept = {**data, "workflow": workflow_text, "bindings": json.dumps(bindings, indent=2) if bindings else ""}
+                form = ComfySettingsForm(initial={k: v for k, v in kept.items() if k not in ("password", "workflow_file")})
+            else:
+                try:
+                    services.comfy_settings_save(
+                        user=request.user,
+                        project=project,
+                        base_url=data["base_url"],
+                        username=data["username"],
+                        password=data["password"] or None,
+                        clear_password=data["clear_password"],
+                        workflow_json=workflow_text,
+                        bindings=bindings,
+                        include_video=data["include_video"],
+                    )
+                    messages.success(request, "ComfyUI settings saved")
+                    return redirect("comfy_settings", project_id=project.id)
+                except ServiceError as error:
+                    form.add_error(None, error.message)
+    context = {
+        "project": project,
+        "instance": instance,
+        "form": form,
+        "password_hint": "set" if instance.password_encrypted else "",
+        "test_result": test_result,
+        "picker": setup.picker_rows(workflow if isinstance(workflow, dict) else {}, bindings or []),
+        "choices": [(name, label) for name, (_, _, label) in setup.CHOICES.items()],
+        "allowed_hosts_where": allowed_hosts.WHERE,
+    }
+    return render(request, "comfy_app/settings.html", context)
+
+
+def _posted_setup(request, data) -> tuple[str, dict, list]:
+    """(workflow text, workflow, bindings) from the form: an uploaded file replaces the
+    pasted workflow; the picker's choices merge into the raw bindings."""
+    workflow_text = data["workflow"]
+    if data.get("workflow_file"):
+        workflow_text = setup.read_workflow_file(data["workflow_file"])
+    try:
+        workflow = json.loads(workflow_text) if workflow_text.strip() else {}
+    except ValueError as error:
+        raise ServiceError(f"the workflow is not valid JSON: {error}") from None
+    try:
+        bindings = json.loads(data["bindings"]) if data["bindings"].strip() else []
+    except ValueError as error:
+        raise ServiceError(f"the bindings are not valid JSON: {error}") from None
+    if isinstance(workflow, dict) and isinstance(bindings, list):
+        bindings = setup.merge_picker(request.POST, bindings, workflow)
+    return workflow_text, workflow if isinstance(workflow, dict) else {}, bindings
 
 
 @login_required
@@ -98,3 +148,27 @@ def comfy_test(request, project_id):
     else:
         messages.error(request, f"Cannot connect to {result['url'] or 'ComfyUI'}: {result['error']}")
     return redirect("comfy_settings", project_id=project.id)
+
+
+@login_required
+def allowed_hosts_page(request):
+    """Staff: the private hosts ComfyUI instances may be at (effective at once)."""
+    if not request.user.is_staff:
+        raise Http404
+    if request.method == "POST":
+        try:
+            if request.POST.get("remove"):
+                services.allowed_host_remove(user=request.user, host_id=int(request.POST["remove"]))
+                messages.success(request, "Host removed")
+            else:
+                row = services.allowed_host_add(
+                    user=request.user,
+                    address=request.POST.get("address", ""),
+                    allow_http=bool(request.POST.get("allow_http")),
+                    note=request.POST.get("note", ""),
+                )
+                messages.success(request, f"ComfyUI instances at {row.address} are allowed")
+        except (ServiceError, ValueError) as error:
+            messages.error(request, getattr(error, "message", None) or str(error))
+        return redirect("comfy_allowed_hosts")
+    return render(request, "comfy_app/allowed_hosts.html", {"hosts": services.allowed_hosts_list()})

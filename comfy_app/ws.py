@@ -5,7 +5,8 @@ that drops, goes silent (ComfyUI's same-clientId quirk) or never connects costs 
 latency. One event loop thread serves every listener of the process. Per the recordings:
 our prompts carry the socket's clientId (events go only to that socket), the end of a
 run is `executing {node: null, prompt_id}` (also after errors and interrupts), and a
-reconnect closes the old socket before it opens the new one.
+reconnect closes the old socket before it opens the new one. The same socket carries step
+`progress`, which goes onto the job (comfy_app/progress.py, at most once a second).
 """
 
 import asyncio
@@ -14,6 +15,7 @@ import logging
 import threading
 from urllib.parse import quote
 
+from comfy_app import allowed_hosts, progress
 from queue_app.providers import net
 
 log = logging.getLogger(__name__)
@@ -30,8 +32,11 @@ def is_done(message: dict) -> bool:
 
 
 class Listeners:
-    def __init__(self, on_event):
+    def __init__(self, on_event, on_progress=None):
         self.on_event = on_event  # called with the instance id (from the loop thread)
+        # called with (prompt_id, node, fraction) in a worker thread: it writes the database
+        self.on_progress = on_progress
+        self.throttle = progress.Throttle()
         self._tasks: dict[int, tuple[tuple, asyncio.Task]] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="comfy-ws", daemon=True)
@@ -60,10 +65,30 @@ class Listeners:
             self.drop(instance_id)
         self._loop.call_soon_threadsafe(self._loop.stop)
 
+    async def _progress(self, body: dict) -> None:
+        """Step progress onto the job, throttled here (no I/O) and written off the loop."""
+        if self.on_progress is None:
+            return
+        update = progress.parse(body)
+        if update is not None:
+            write = self.throttle.offer(*update)
+        elif is_done(body):
+            prompt_id = str((body.get("data") or {}).get("prompt_id") or "")
+            last = self.throttle.final(prompt_id)
+            write, update = last, (prompt_id,) if last else None
+        else:
+            return
+        if write is not None:
+            try:
+                await asyncio.to_thread(self.on_progress, update[0], *write)
+            except Exception:
+                log.debug("progress of prompt %s not stored", update[0], exc_info=True)
+
     async def _listen(self, instance_id: int, base_url: str, client_id: str, headers: dict) -> None:
         import aiohttp
 
         url = base_url.replace("http", "ws", 1) + "/ws?clientId=" + quote(client_id)
+        net.set_purpose(allowed_hosts.PURPOSE)  # this task's context only
         while True:
             try:
                 timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=None)
@@ -77,7 +102,10 @@ class Listeners:
                                     body = json.loads(message.data)
                                 except ValueError:
                                     continue
-                                if isinstance(body, dict) and is_done(body):
+                                if not isinstance(body, dict):
+                                    continue
+                                await self._progress(body)
+                                if is_done(body):
                                     self.on_event(instance_id)
                             elif message.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                                 break

@@ -189,8 +189,18 @@ def queue_status(
                 }
             )
         rows.sort(key=lambda r: (-(r["processing"] + r["pending"]), -(_ts(r["latest_job_at"]))))
+        health = runner_health({row["id"] for row in rows if row["kind"] in runners.RUNNERS}, now=now)
+        for row in rows:
+            row["instance_warning"] = (health.get(row["id"]) or {}).get("message", "")
+        result["instances"] = sorted(health.values(), key=lambda h: (h["reachable"], h["project_name"].lower()))
         result.update(_limited("projects", rows, limit))
     return result
+
+
+def runner_health(project_ids, now=None) -> dict:
+    """{project_id: instance health} for projects a runner drives (ComfyUI): reachability
+    and, when down, "instance unreachable since … — in-flight jobs fail at …"."""
+    return runners.health(project_ids, now=now)
 
 
 def _ts(value: str | None) -> float:
@@ -307,9 +317,13 @@ def job_state(job: Job, *, providers: dict, live: dict, now) -> tuple[str, str]:
     return job.status, ""
 
 
-def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None) -> dict:
-    """A job as the monitor, the project page and the API show it."""
+def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None, health: dict | None = None) -> dict:
+    """A job as the monitor, the project page and the API show it. `health`
+    (runner_health) names an unreachable instance on its waiting and in-flight jobs."""
     state, reason = job_state(job, providers=providers, live=live, now=now)
+    instance = (health or {}).get(job.project_id) or {}
+    warning = instance.get("message", "") if job.status in (Status.PENDING, Status.PROCESSING) else ""
+    reason = warning or reason
     snap = job.resolved or {}
     provider_id = snap.get("provider_id") if job.status != Status.PENDING and snap else None
     provider_id = provider_id or job.active_provider_id or job.provider_id or job.project.provider_id
@@ -343,6 +357,7 @@ def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None) -> dic
         "error_class": job.error_class,
         "task_id": job.task_id,
         "progress": job.progress,
+        "instance_warning": warning,
         "backoff_until": job.not_before.isoformat() if job.not_before and job.not_before > now else None,
         "created_at": job.created_at.isoformat() if job.created_at else None,
         "queued_at": job.queued_at.isoformat() if job.queued_at else None,
@@ -417,8 +432,12 @@ def jobs_page(
     chunk = jobs.select_related("project").order_by("-created_at", "-id")[offset : offset + per_page]
     if with_attempts:
         chunk = chunk.prefetch_related("attempt_log")
+    chunk = list(chunk)
+    health = runner_health({job.project_id for job in chunk if job.project.kind in runners.RUNNERS}, now=now)
     rows = [
-        job_row(job, providers=providers, live=live, now=now, attempts=job.attempt_log.all() if with_attempts else None)
+        job_row(
+            job, providers=providers, live=live, now=now, attempts=job.attempt_log.all() if with_attempts else None, health=health
+        )
         for job in chunk
     ]
     return {

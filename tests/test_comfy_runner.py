@@ -258,19 +258,21 @@ def test_a_history_gap_is_waited_out(owner, fake, inline_tasks):
 
 def test_a_prompt_comfyui_no_longer_knows_fails_after_a_few_checks(owner, fake, inline_tasks):
     project, instance = comfy_project(owner, fake)
-    fake.plan(Script(seconds=10))
-    [job] = start(owner, project)
+    fake.plan(Script(seconds=10), Script(seconds=30))
+    job, later = start(owner, project, 2)
     inline_tasks.run()
-    fake.pending.clear()  # the instance restarted and lost its queue
     fake.interrupt_all()
-    wait_fake(fake, lambda: fake.running is None)
-    fake.history.clear()
+    wait_fake(fake, lambda: job_of(job).task_id in fake.history)
+    # someone deleted its history entry at the instance; a later prompt is still there, so
+    # the instance did not restart (see test_comfy_restart for a restart)
+    del fake.history[job_of(job).task_id]
     for _ in range(check.MISSING_GRACE_CHECKS):
         check.check_instance(instance.id)
         assert job_of(job).status == Status.PROCESSING
     check.check_instance(instance.id)
     job = job_of(job)
     assert job.status == Status.FAILED and "no longer knows this prompt" in job.error and job.task_id == ""
+    assert len(fake.posted) == 2
 
 
 # --- failures ---------------------------------------------------------------------------

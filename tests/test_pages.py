@@ -97,7 +97,8 @@ def test_the_album_groups_layers_under_their_job(signed_in, owner, inline_tasks)
 
 def test_a_comfyui_project_links_to_its_settings(signed_in, owner):
     project = make_project(owner, None, kind=Kind.COMFYUI, name="Comfy")
-    assert f'href="/comfy/projects/{project.id}/"' in signed_in.get(f"/projects/{project.id}/").content.decode()
+    assert f'href="/projects/{project.id}/comfyui/"' in signed_in.get(f"/projects/{project.id}/").content.decode()
+    assert signed_in.get(f"/projects/{project.id}/comfyui/").status_code == 200  # the link leads somewhere
 
 
 def test_staff_can_open_any_project_and_the_account_page_has_a_preferences_block(client, staff, project):

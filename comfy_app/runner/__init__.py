@@ -94,6 +94,11 @@ class ComfyRunner:
 
         cancel_prompt(project_id, task_id)
 
+    def health(self, project_ids, now=None) -> dict:
+        from comfy_app.health import instance_health
+
+        return instance_health(project_ids, now=now)
+
     def tick(self) -> bool:
         """Schedule due checks on the bounded pool; returns at once."""
         active = set(
@@ -148,12 +153,21 @@ class ComfyRunner:
         from comfy_app import ws
 
         if self.listeners is None:
-            self.listeners = ws.Listeners(on_event=self.schedule)
+            self.listeners = ws.Listeners(on_event=self.schedule, on_progress=_store_progress)
         if result.get("driving") and in_flight_count(ComfyInstance.objects.get(id=instance_id).project_id) > 0:
             instance = ComfyInstance.objects.get(id=instance_id)
             self.listeners.ensure(instance_id, instance.base_url, instance.client_id, client_for(instance))
         else:
             self.listeners.drop(instance_id)
+
+
+def _store_progress(prompt_id: str, node: str, fraction: float) -> None:
+    from comfy_app.progress import persist
+
+    try:
+        persist(prompt_id, node, fraction)
+    finally:
+        connection.close()  # a thread of asyncio's default pool
 
 
 RUNNER = ComfyRunner()

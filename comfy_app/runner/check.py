@@ -5,15 +5,18 @@ counting at once, its download is handed to a worker and the next job is claimed
 
 check_instance(instance):
 1. take the driver lease, or leave the instance to the queue service that holds it;
-2. read /queue: an instance that does not answer fails its in-flight jobs only after
-   UNREACHABLE_LIMIT; a refused login fails them at once; another error counts as a
-   failed check of each prompt at ComfyUI;
+2. read /queue: an instance that does not answer fails the prompts it holds only after
+   UNREACHABLE_LIMIT (never-sent jobs go back to pending and wait, no new work is
+   claimed); a refused login fails them at once; another error counts as a failed check
+   of each prompt at ComfyUI;
 3. hand submissions and downloads whose worker is gone back to the workers;
 4. apply each prompt's state (`_check_run`): queued or running (until the processing
-   timeout), missing (a few checks' grace), failed (out of memory: retried once), done;
+   timeout), missing (posted again when the instance restarted since we posted it,
+   otherwise a few checks' grace), failed (out of memory: retried once), done;
 5. claim pending jobs into the places that freed up.
 """
 
+import logging
 from datetime import timedelta
 from enum import StrEnum
 
@@ -25,16 +28,17 @@ from comfy_app import client as comfy
 from comfy_app.models import ComfyInstance, ComfyRun
 from comfy_app.runner.claim import claim_pending
 from comfy_app.runner.collect import hand_out_collection, start_collect
-from comfy_app.runner.instance import acquire_driver, client_for, mark_unreachable
+from comfy_app.runner.instance import UNREACHABLE_LIMIT, acquire_driver, client_for, mark_unreachable
 from queue_app.engine import backoff, enqueue, heartbeats, transitions
 from queue_app.engine.attempts import Outcome, attempt_record
 from queue_app.engine.leases import lease_reissue
 from queue_app.engine.results import fail_checked
 from queue_app.models import Job, Status
 
+log = logging.getLogger(__name__)
+
 CHECK_FAILURE_LIMIT = 3
 MISSING_GRACE_CHECKS = 3
-UNREACHABLE_LIMIT = timedelta(minutes=10)
 OOM_RETRIES = 1
 # What the attempt log names the runner's own records by.
 WORKER = "comfy-runner"
@@ -115,7 +119,9 @@ def check_instance(instance_id: int, *, now=None, owner: str | None = None) -> d
         .exclude(phase=Phase.DONE)
         .select_related("job")
     )
-    if runs:
+    if runs or instance.unreachable_since:
+        # An instance known to be down is asked even with nothing in flight: its pending
+        # jobs wait for it (claim_pending), and this is how we learn it is back.
         _check_runs(instance, runs, now, result)
     result["claimed"] = len(claim_pending(instance.project_id))
     return result
@@ -138,11 +144,16 @@ def _check_runs(instance: ComfyInstance, runs: list, now, result: dict) -> None:
         for run in remote:
             result["failed"] += _check_failed(run.job, error.reason)
         return
+    if instance.unreachable_since:
+        instance.back_at = now
+        log.warning("ComfyUI instance of project %s answers again (unreachable since %s)", instance.project_id,
+                    instance.unreachable_since.isoformat(timespec="seconds"))  # fmt: skip
+        ComfyInstance.objects.filter(id=instance.id).update(back_at=now)
     ComfyInstance.objects.filter(id=instance.id).update(unreachable_since=None, last_error="", last_checked_at=now)
     _resume_stale(runs, now)  # only once the instance answers: a retry into a dead address helps nobody
     for run in remote:
         result["checked"] += 1
-        checked = _check_run(client, run, states, now)
+        checked = _check_run(client, run, states, now, back_at=instance.back_at)
         if checked is Checked.UNREACHABLE:
             break
         result["finished"] += checked is Checked.FINISHED
@@ -186,8 +197,18 @@ def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now)
     )
     failed = 0
     for run in runs:
-        if run.phase in (Phase.REMOTE, Phase.SUBMITTING):
+        if run.phase == Phase.REMOTE:
             failed += _fail(run.job, message, error_class="transient", keep_task_id=True, outcome=Outcome.TRANSIENT)
+        elif run.phase == Phase.SUBMITTING:
+            # Never accepted by the instance: back to pending, its attempt refunded; it
+            # waits with the other pending jobs until the instance answers (claim_pending).
+            transitions.job_requeue(
+                run.job_id,
+                run.job.lease_token,
+                reason=f"waiting for ComfyUI at {instance.base_url}: {reason}",
+                error_class="transient",
+                refund_attempt=True,
+            )
     return failed
 
 
@@ -207,7 +228,7 @@ def _check_failed(job: Job, reason: str) -> bool:
     )
 
 
-def _check_run(client, run: ComfyRun, states: dict, now) -> Checked:
+def _check_run(client, run: ComfyRun, states: dict, now, *, back_at=None) -> Checked:
     job = run.job
     prompt_id = job.task_id
     if prompt_id in states:
@@ -219,6 +240,8 @@ def _check_run(client, run: ComfyRun, states: dict, now) -> Checked:
     except comfy.ComfyError as error:
         return Checked.FAILED if _check_failed(job, error.reason) else Checked.ERROR
     if entry is None or not is_ours(entry, run.nonce):
+        if run.graph and _lost_to_restart(client, run, back_at):
+            return _repost(run)
         return _check_missing(run)
     status = entry.get("status") or {}
     if status.get("status_str") == "error":
@@ -266,6 +289,41 @@ def _check_missing(run: ComfyRun) -> Checked:
         outcome=Outcome.LOST,
     )
     return Checked.FAILED
+
+
+def _lost_to_restart(client, run: ComfyRun, back_at) -> bool:
+    """Whether the instance restarted after we posted this (now forgotten) prompt: it was
+    seen down and back since, or — on the second missing check in a row, past the moment
+    where a finishing prompt's history can lag — its prompt counter started again below
+    our prompt's number."""
+    if back_at and run.posted_at and run.posted_at < back_at:
+        return True
+    if run.remote_number is None or run.missing_checks < 1:
+        return False
+    try:
+        highest = client.highest_number()
+    except comfy.ComfyError:
+        return False
+    return highest is None or highest < run.remote_number
+
+
+def _repost(run: ComfyRun) -> Checked:
+    """ComfyUI restarted after we posted and forgot the prompt: post the stored graph
+    again, under the same prompt id and nonce, as a new attempt of the same job. The
+    submission finds the id missing and posts the kept graph (submit._submit); should
+    the old prompt reappear after all, it is the same id and nonce, collected once."""
+    job = run.job
+    reason = "the ComfyUI instance restarted and forgot the prompt; it is posted again"
+    attempt_record(job, outcome=Outcome.LOST, reason=reason, worker=WORKER)
+    token = lease_reissue(job.id, job.lease_token, hold=timedelta(seconds=settings.CLAIM_TTL_SECONDS))
+    if token is None:
+        return Checked.SKIPPED
+    # A new attempt of the same claim: the attempt log numbers it after the lost one.
+    Job.objects.fenced(job.id, token).update(attempts=F("attempts") + 1, poll_failures=0)
+    ComfyRun.objects.filter(job_id=job.id, phase=Phase.REMOTE).update(phase=Phase.SUBMITTING, missing_checks=0, remote_state="")
+    enqueue.enqueue_task("comfy_app.tasks.submit_job", str(job.id), str(token))
+    log.warning("job %s: %s", job.id, reason)
+    return Checked.RUNNING
 
 
 def _check_error(job: Job, entry: dict) -> Checked:

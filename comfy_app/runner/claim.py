@@ -51,6 +51,8 @@ def claim_pending(project_id: int) -> list[tuple]:
     instance = ComfyInstance.objects.filter(project_id=project_id).first()
     if instance is None:
         instance, _ = ComfyInstance.objects.get_or_create(project_id=project_id)
+    if instance.unreachable_since is not None:
+        return []  # known down: its jobs wait as pending until a check finds it answering
     claimed = []
     with transaction.atomic():
         # The instance row lock (SQLite: the IMMEDIATE write lock) serialises claims for one

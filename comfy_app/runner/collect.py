@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from comfy_app import allowed_hosts
 from comfy_app import client as comfy
 from comfy_app.models import ComfyRun
 from comfy_app.runner.claim import take_claimed
@@ -116,9 +117,10 @@ def _download(client: comfy.ComfyClient, item: dict) -> tuple[bytes, str]:
     os.close(handle)
     try:
         try:
-            _, content_type = net.stream_to_file(
-                client.view_url(item), path, headers=client.download_headers(), idle_timeout=idle, total_timeout=total
-            )
+            with net.purpose(allowed_hosts.PURPOSE):
+                _, content_type = net.stream_to_file(
+                    client.view_url(item), path, headers=client.download_headers(), idle_timeout=idle, total_timeout=total
+                )
         except net.requests.HTTPError as error:
             if error.response is not None and error.response.status_code == 404:
                 raise OutputGone(item.get("filename", "?")) from None

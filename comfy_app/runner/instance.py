@@ -1,6 +1,7 @@
 """A ComfyUI instance as the runner sees it: its client, its driver lease (only the
 queue service holding it checks the instance) and whether it answers."""
 
+import logging
 from datetime import timedelta
 
 from django.db.models import Q
@@ -10,7 +11,11 @@ from comfy_app import client as comfy
 from comfy_app.models import ComfyInstance
 from queue_app.engine import heartbeats
 
+log = logging.getLogger(__name__)
+
 DRIVER_TTL = timedelta(seconds=20)
+# An instance that does not answer for this long fails the prompts it holds (check.py).
+UNREACHABLE_LIMIT = timedelta(minutes=10)
 
 
 def client_for(instance: ComfyInstance) -> comfy.ComfyClient:
@@ -31,5 +36,14 @@ def acquire_driver(instance_id: int, owner: str) -> bool:
 
 
 def mark_unreachable(instance_id: int, reason: str, now) -> None:
-    ComfyInstance.objects.filter(id=instance_id, unreachable_since__isnull=True).update(unreachable_since=now)
+    """Note when the instance stopped answering; the transition is logged once at WARNING."""
+    if ComfyInstance.objects.filter(id=instance_id, unreachable_since__isnull=True).update(unreachable_since=now):
+        project_id = ComfyInstance.objects.filter(id=instance_id).values_list("project_id", flat=True).first()
+        log.warning(
+            "ComfyUI instance of project %s unreachable since %s: %s; in-flight jobs fail at %s",
+            project_id,
+            now.isoformat(timespec="seconds"),
+            reason,
+            (now + UNREACHABLE_LIMIT).isoformat(timespec="seconds"),
+        )
     ComfyInstance.objects.filter(id=instance_id).update(last_error=reason[:2000])

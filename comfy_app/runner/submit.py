@@ -19,6 +19,7 @@ from comfy_app.runner.check import Where, locate
 from comfy_app.runner.claim import take_claimed
 from comfy_app.runner.collect import start_collect
 from comfy_app.runner.instance import client_for, mark_unreachable
+from comfy_app.runner.uploads import upload_once
 from queue_app.engine import transitions
 from queue_app.engine.attempts import Outcome, attempt_finish
 from queue_app.engine.leases import LeaseKeeper
@@ -124,7 +125,7 @@ def _submit(job: Job, token, run: ComfyRun, instance: ComfyInstance) -> Submissi
             return _post(client, job, run.graph, job.task_id, run.nonce, instance)
         # failed at ComfyUI, or no graph kept: generate anew below
     validate_setup(instance)
-    graph, seeds = workflow.build(instance.workflow, instance.bindings, job, upload=uploader(client))
+    graph, seeds = workflow.build(instance.workflow, instance.bindings, job, upload=uploader(client, instance.id))
     prompt_id, nonce = str(uuid.uuid4()), uuid.uuid4().hex
     with transaction.atomic():
         if not transitions.job_attach_task(job.id, token, task_id=prompt_id):
@@ -156,17 +157,20 @@ def _post(client, job: Job, graph: dict, prompt_id: str, nonce: str, instance: C
         # Accepted with only the valid outputs (ComfyUI's partial acceptance): say so.
         warnings = comfy.describe_rejection({"node_errors": answer["node_errors"]}).replace("rejected", "dropped part of")
     ComfyRun.objects.filter(job_id=job.id, phase=Phase.SUBMITTING).update(
-        phase=Phase.REMOTE, posted_at=timezone.now(), remote_state="pending", warnings=warnings
+        phase=Phase.REMOTE,
+        posted_at=timezone.now(),
+        remote_state="pending",
+        warnings=warnings,
+        remote_number=answer.get("number") if isinstance(answer.get("number"), int | float) else None,
     )
     return Submission.POSTED
 
 
-def uploader(client: comfy.ComfyClient):
-    """Upload references under content-hash names; a file the instance holds is not sent again."""
+def uploader(client: comfy.ComfyClient, instance_id: int):
+    """Upload references under content-hash names; a file the instance holds is not sent
+    again, and one content is uploaded once also when jobs start together (uploads.py)."""
 
     def upload(data: bytes, name: str, content_type: str) -> str:
-        if client.has_input(name):
-            return f"{comfy.UPLOAD_SUBFOLDER}/{name}"
-        return client.upload(data, name, content_type=content_type)
+        return upload_once(client, instance_id, data, name, content_type)
 
     return upload

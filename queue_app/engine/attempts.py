@@ -26,13 +26,13 @@ Outcome = JobAttempt.Outcome
 
 
 def attempt_number(job: Job) -> int:
-    """This run's `job.attempts`, counted on from the earlier runs. A retry (or a start)
-    sets `queued_at`; every attempt of an earlier run started before it, since a job is
-    retried only once it failed and all its attempts ended."""
-    if job.queued_at is None:
-        return job.attempts
-    earlier = JobAttempt.objects.filter(job_id=job.id, started_at__lt=job.queued_at).aggregate(last=Max("number"))["last"]
-    return (earlier or 0) + job.attempts
+    """Attempts are numbered across the job's life: a retry (which starts `job.attempts`
+    again at 0) continues after the highest number of the attempts before it."""
+    before = JobAttempt.objects.filter(job_id=job.id)
+    if job.queued_at:
+        before = before.filter(started_at__lt=job.queued_at)
+    earlier = before.aggregate(top=Max("number"))["top"] or 0
+    return earlier + max(job.attempts, 1)
 
 
 def attempt_begin(job: Job, token) -> JobAttempt | None:

@@ -177,8 +177,9 @@ def flush_broadcasts(timeout: float = 5.0) -> bool:
     return _sender.flush(timeout)
 
 
-def broadcast_progress(project_id: int, job_id, progress: float) -> None:
-    """Progress ticks go to open sockets only; they are not stored as events."""
+def broadcast_progress(project_id: int, job_id, progress: float, detail: str = "") -> None:
+    """Progress ticks go to open sockets only; they are not stored as events. `detail`
+    says what is progressing (ComfyUI: the node running now)."""
     try:
         from asgiref.sync import async_to_sync
         from channels.layers import get_channel_layer
@@ -186,6 +187,8 @@ def broadcast_progress(project_id: int, job_id, progress: float) -> None:
         layer = get_channel_layer()
         if layer is not None:
             message = {"project": project_id, "kind": "job.progress", "job": str(job_id), "progress": progress}
+            if detail:
+                message["detail"] = detail
             async_to_sync(layer.group_send)(group_name(project_id), {"type": "project.progress", "event": message})
     except Exception:
         log.debug("progress broadcast failed", exc_info=True)

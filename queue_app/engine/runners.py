@@ -9,6 +9,9 @@ call it. A runner object offers:
     tick() -> bool      one step of the runner's timer (the queue service calls it)
     recover() -> int    the recovery scan's share: adopt in-flight work after a restart
     cancel(job_id=, project_id=, task_id=)   optional: stop a cancelled job's remote work
+and, optionally:
+    health(project_ids, now=None) -> {project_id: {...}}   what the pages and the API show about the
+                        instance behind each project (one query; see comfy_app/health.py)
 """
 
 RUNNERS: dict = {}
@@ -21,3 +24,16 @@ def register(kind: str, runner) -> None:
 def kinds() -> list[str]:
     """The project kinds whose jobs are a runner's, not a provider's."""
     return list(RUNNERS)
+
+
+def health(project_ids, now=None) -> dict:
+    """{project_id: health row} from every runner that reports health; {} for none."""
+    project_ids = {pid for pid in project_ids if pid is not None}
+    rows: dict = {}
+    if not project_ids:
+        return rows
+    for runner in RUNNERS.values():
+        report = getattr(runner, "health", None)
+        if report is not None:
+            rows.update(report(project_ids, now=now))
+    return rows

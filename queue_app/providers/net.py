@@ -20,6 +20,7 @@
   URL check, no redirects, and the address each socket connects to checked first.
 """
 
+import contextlib
 import contextvars
 import ipaddress
 import socket
@@ -44,12 +45,45 @@ class TooLarge(ValueError):
     """The body is over the size cap."""
 
 
+# Allowlists kept elsewhere for one purpose only (the ComfyUI app registers the private
+# hosts staff allowed for ComfyUI instances): consulted while `purpose(name)` is in effect,
+# so a host allowed for ComfyUI is still refused to provider calls, downloads and pushes.
+_purpose = contextvars.ContextVar("outbound_purpose", default="")
+_purpose_allowlists: dict = {}
+
+
+def register_allowlist(name: str, entries) -> None:
+    """`entries()` returns more OUTBOUND_ALLOWLIST-style entries for calls made under
+    `purpose(name)`; read on every check, so a change takes effect at once."""
+    _purpose_allowlists[name] = entries
+
+
+@contextlib.contextmanager
+def purpose(name: str):
+    token = _purpose.set(name)
+    try:
+        yield
+    finally:
+        _purpose.reset(token)
+
+
+def set_purpose(name: str) -> None:
+    """For a coroutine: its task's calls are made for `name` (a task has its own context)."""
+    _purpose.set(name)
+
+
+def _allow_entries() -> list:
+    entries = _purpose_allowlists.get(_purpose.get())
+    return list(settings.OUTBOUND_ALLOWLIST) + (list(entries()) if entries else [])
+
+
 def _allowlisted(host: str, port: int | None, *, scheme: str = "") -> bool:
-    """Whether `host` (or `host:port`) is on OUTBOUND_ALLOWLIST: exempt from the
-    private-address guard. With `scheme="http"`, whether plain http to it is allowed too:
-    only an entry written `http://host[:port]` allows that (or OUTBOUND_ALLOW_HTTP for all)."""
+    """Whether `host` (or `host:port`) is on OUTBOUND_ALLOWLIST (or the allowlist of the
+    current purpose): exempt from the private-address guard. With `scheme="http"`, whether
+    plain http to it is allowed too: only an entry written `http://host[:port]` allows
+    that (or OUTBOUND_ALLOW_HTTP for all)."""
     names = {host} | ({f"{host}:{port}"} if port is not None else set())
-    allow = settings.OUTBOUND_ALLOWLIST
+    allow = _allow_entries()
     if scheme == "http":
         return any(f"http://{name}" in allow for name in names)
     return any(name in allow or f"http://{name}" in allow for name in names)

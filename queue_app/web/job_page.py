@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from queue_app import selectors, services
 from queue_app.engine import events
-from queue_app.models import Job
+from queue_app.models import Job, Status
 from queue_app.web.pages import own
 
 
@@ -22,6 +22,9 @@ from queue_app.web.pages import own
 def job_detail(request, job_id):
     job = own(Job, request.user, id=job_id)
     context = selectors.job_detail(job, user=request.user)
+    if job.status in (Status.PENDING, Status.PROCESSING):
+        health = selectors.runner_health([job.project_id])
+        context["instance_warning"] = (health.get(job.project_id) or {}).get("message", "")
     context["params_text"] = json.dumps(context["params"], indent=2, sort_keys=True) if context["params"] else ""
     if request.GET.get("fragment"):
         return render(request, "queue_app/job_sections.html", context)

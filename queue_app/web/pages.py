@@ -87,7 +87,8 @@ def project_context(request, project: Project) -> dict:
         .annotate(order=order)
         .order_by("order", "queued_at", "created_at", "id")[:SECTION_LIMIT]
     )
-    queue = [selectors.job_row(job, providers=providers, live=live, now=now) for job in queue_jobs]
+    health = selectors.runner_health([project.id]) if project.kind == Kind.COMFYUI else {}
+    queue = [selectors.job_row(job, providers=providers, live=live, now=now, health=health) for job in queue_jobs]
     groups, album_total = album_groups(project)
     from queue_app.web import drafts  # the drafts section: its list page and the add form's fields
 
@@ -110,6 +111,7 @@ def project_context(request, project: Project) -> dict:
         "last_seq": events.last_seq(project.id),
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
+        "instance_health": health.get(project.id),
     }
 
 

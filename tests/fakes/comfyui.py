@@ -7,8 +7,10 @@ message sequence with clientId routing) and runs prompts one at a time in `numbe
 
 Scripted per prompt (`plan(Script(...), ...)`, FIFO; then `default`):
     ok, slow (seconds=…), error (execution_error), oom, invalid (400), hang (until
-    interrupted), interrupt, history_gap=N (`{}` for N history reads after it finished)
-and per instance: refuse()/accept() (nothing listens), drop_next(n) (connections closed
+    interrupted), interrupt, history_gap=N (`{}` for N history reads after it finished),
+    steps=N (`progress` messages over the run)
+and per instance: refuse()/accept() (nothing listens), forget()/restart() (what a restart
+does: queue, history and the prompt counter gone, files kept), upload_delay, drop_next(n) (connections closed
 without an answer), fail_next(n) (500 text/plain, as ComfyUI's own), stall_downloads
 (seconds of silence after the first chunk of a /view body).
 Records: posted prompts, uploads, the peak number of prompts queued or running, and each
@@ -70,6 +72,7 @@ class Script:
     images: int = 1
     image_bytes: int = 0
     video: bool = False
+    steps: int = 0  # `progress` messages value 0..steps-1 of `steps`, spread over the run (12_binary_preview_frames)
 
 
 class FakeComfyUI:
@@ -91,7 +94,10 @@ class FakeComfyUI:
         self.pending: list[list] = []
         self.running: list | None = None
         self._number = 0
-        self._counter = 0
+        self._counter = -1  # the first prompt is number 0, as recorded
+        self.restarts = 0
+        self.upload_delay = 0.0  # seconds an upload takes (to overlap two of them)
+        self.input_checks: list[str] = []
         self._sockets: dict[str, web.WebSocketResponse] = {}
         self._sessions: set[str] = set()
         self._interrupt: str | None = None
@@ -119,6 +125,7 @@ class FakeComfyUI:
             app.router.add_get(prefix + "/queue", self.get_queue)
             app.router.add_post(prefix + "/queue", self.post_queue)
             app.router.add_get(prefix + "/history/{prompt_id}", self.get_history)
+            app.router.add_get(prefix + "/history", self.list_history)
             app.router.add_post(prefix + "/interrupt", self.post_interrupt)
             app.router.add_post(prefix + "/upload/image", self.upload)
             app.router.add_get(prefix + "/view", self.view)
@@ -160,6 +167,35 @@ class FakeComfyUI:
                 handler.force_close()
 
         self._call(_refuse())
+
+    def forget(self) -> None:
+        """What a restart does to ComfyUI's memory (17_server_restart): the queue and the
+        history are gone (the running prompt never finishes), the prompt `number` counter
+        starts again at 0, sockets close (1006), temp files are wiped; output and input
+        files stay on disk and /view serves them."""
+
+        async def _forget():
+            self._executor.cancel()
+            self.pending.clear()
+            self.running = None
+            self.history.clear()
+            self._gaps.clear()
+            self._counter = -1
+            self._interrupt = None
+            self.files = {key: data for key, data in self.files.items() if key[0] != "temp"}
+            for socket in list(self._sockets.values()):
+                await socket.close(code=1006)
+            self._sockets.clear()
+            self.restarts += 1
+            self._executor = asyncio.ensure_future(self._execute())
+
+        self._call(_forget())
+
+    def restart(self) -> None:
+        """Stop, forget everything held in memory, and answer again."""
+        self.refuse()
+        self.forget()
+        self.accept()
 
     def accept(self) -> None:
         async def _accept():
@@ -290,6 +326,15 @@ class FakeComfyUI:
             return web.json_response({})
         return web.json_response({prompt_id: entry})
 
+    async def list_history(self, request):
+        """`?max_items=N`: the N most recent entries, oldest first (16_history_listing_and_misc)."""
+        try:
+            count = int(request.query.get("max_items", len(self.history)))
+        except ValueError:
+            return web.Response(status=500, text=ERROR_500, headers={"Connection": "close"})
+        items = list(self.history.items())[-count:] if count > 0 else []
+        return web.json_response(dict(items))
+
     async def post_interrupt(self, request):
         try:
             body = json.loads(await request.text() or "null")
@@ -309,6 +354,8 @@ class FakeComfyUI:
         if ".." in image.filename or ".." in subfolder:
             return web.Response(status=400)
         data = image.file.read()
+        if self.upload_delay:
+            await asyncio.sleep(self.upload_delay)
         name, index = image.filename, 0
         stem, dot, ext = image.filename.rpartition(".")
         overwrite = form.get("overwrite") in ("true", "1")
@@ -328,6 +375,10 @@ class FakeComfyUI:
         if ".." in query["filename"]:
             return web.Response(status=400)
         key = (query.get("type", "output"), query.get("subfolder", ""), query["filename"])
+        if key[0] == "input":
+            self.input_checks.append(key[2])
+            if self.upload_delay:
+                await asyncio.sleep(self.upload_delay / 2)  # a slow disk: the check and the upload overlap
         data = self.files.get(key)
         if data is None:
             return web.Response(status=404)
@@ -403,10 +454,16 @@ class FakeComfyUI:
             await self._send(client_id, "executing", {"node": first_node, "display_node": first_node, "prompt_id": prompt_id})
             interrupted = False
             deadline = started + (1e9 if script.kind == "hang" else script.seconds)
+            step = 0
             while time.monotonic() < deadline:
                 if self._interrupt in ("*", prompt_id) or script.kind == "interrupt":
                     interrupted = True
                     break
+                if step < script.steps and time.monotonic() >= started + script.seconds * step / script.steps:
+                    # as recorded: value 0..max-1 of max, never max/max, from the node running
+                    data = {"value": step, "max": script.steps, "prompt_id": prompt_id, "node": first_node}
+                    await self._send(client_id, "progress", data)
+                    step += 1
                 await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
             self._interrupt = None
             node_outputs, status = {}, None
