@@ -488,6 +488,10 @@ def project_footprint(project: Project) -> dict:
     }
 
 
+def project_running_job_ids(project: Project, *, limit: int = 500) -> list[str]:
+    return [str(i) for i in Job.objects.filter(project=project, status=Status.PROCESSING).values_list("id", flat=True)[:limit]]
+
+
 def project_json(project: Project) -> dict:
     return {
         "id": project.id,

@@ -116,6 +116,12 @@ def test_delete_is_refused_while_jobs_are_running(signed_in, project, provider):
     refused = signed_in.post(f"/projects/{project.id}/delete")
     assert Project.objects.filter(id=project.id).exists()
     assert "1 job is running; cancel them first" in [str(m) for m in refused.context["messages"]]
+    # the page's "Cancel it" sends the running job to the cancel view; then the delete goes through
+    [running] = refused.context["running"]
+    assert f'name="job" value="{running}"' in refused.content.decode()
+    signed_in.post(f"/projects/{project.id}/cancel", {"job": [running]})
+    assert signed_in.post(f"/projects/{project.id}/delete").status_code == 302
+    assert not Project.objects.filter(id=project.id).exists()
 
 
 # --- API ----------------------------------------------------------------------------------

@@ -129,4 +129,6 @@ def project_delete(request, project_id):
         except services.ServiceError as error:
             messages.error(request, error.message)
     footprint = selectors.project_footprint(project)
-    return render(request, "queue_app/project_delete.html", {"project": project, "footprint": footprint})
+    # the running jobs, for the page's "Cancel them" button (the cancel view does the work)
+    running = selectors.project_running_job_ids(project) if footprint["processing"] else []
+    return render(request, "queue_app/project_delete.html", {"project": project, "footprint": footprint, "running": running})
