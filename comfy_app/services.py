@@ -71,8 +71,14 @@ def comfy_settings_save(
         bindings = workflow.validate_bindings(bindings or [], workflow_json or {})
     except workflow.WorkflowError as error:
         raise ServiceError(str(error)) from None
+    if project.owner_id != user.id and not (user.is_superuser or user.has_perm("comfy_app.change_comfyinstance")):
+        raise ServiceError("you may see these settings but not change them: the project belongs to another user", 403)
     instance = instance_of(project)
-    instance.base_url = check_address(base_url)
+    new_url = check_address(base_url)
+    # a stored password never follows a new address silently (issue 18 §5)
+    if instance.password and new_url != instance.base_url and not password and not clear_password:
+        raise ServiceError("to change the ComfyUI address, enter the password again (or clear it)")
+    instance.base_url = new_url
     instance.username = (username or "").strip()
     if clear_password:
         instance.password = ""

@@ -5,6 +5,7 @@ from django import forms
 from django.contrib import admin, messages
 
 from queue_app import services
+from queue_app.forms import ProviderUrlMixin
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
@@ -22,13 +23,12 @@ from queue_app.models import (
     Status,
 )
 from queue_app.providers import crypto
-from queue_app.web.base_url import CleansBaseUrl
 
 admin.site.site_header = "Remix Studio Queue"
 admin.site.index_template = "admin/queue_index.html"
 
 
-class ProviderForm(CleansBaseUrl, forms.ModelForm):
+class ProviderForm(ProviderUrlMixin, forms.ModelForm):
     """The key fields are write-only: blank keeps the stored value, and the form shows
     at most the last four characters."""
 
@@ -55,6 +55,12 @@ class ProviderForm(CleansBaseUrl, forms.ModelForm):
         if self.instance and self.instance.pk:
             self.fields["api_key"].help_text = f"stored: {crypto.hint(self.instance.api_key) or 'none'} — leave blank to keep"
             self.fields["api_secret"].help_text = "leave blank to keep"
+
+    def clean_concurrency(self):
+        try:
+            return services.concurrency_checked(self.cleaned_data.get("concurrency"))
+        except services.ServiceError as error:
+            raise forms.ValidationError(error.message) from None
 
     def save(self, commit=True):
         provider = super().save(commit=False)
@@ -91,15 +97,21 @@ class ProviderAdmin(admin.ModelAdmin):
             services.provider_set_paused(user=request.user, provider_id=provider.id, paused=False)
 
     def save_model(self, request, obj, form, change):
-        # Concurrency goes through the service so raising it dispatches at once.
-        if change and "concurrency" in form.changed_data:
-            new = obj.concurrency
-            obj.concurrency = Provider.objects.get(pk=obj.pk).concurrency
-            super().save_model(request, obj, form, change)
-            services.provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=new)
-            obj.concurrency = new
-        else:
-            super().save_model(request, obj, form, change)
+        # Concurrency and pause go through their services so raising the one or resuming
+        # dispatches at once (the queue service's timer would otherwise be the only net).
+        through_services = [name for name in ("concurrency", "paused") if change and name in form.changed_data]
+        wanted = {name: getattr(obj, name) for name in through_services}
+        if through_services:
+            stored = Provider.objects.get(pk=obj.pk)
+            for name in through_services:
+                setattr(obj, name, getattr(stored, name))
+        super().save_model(request, obj, form, change)
+        if "concurrency" in wanted:
+            services.provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=wanted["concurrency"])
+        if "paused" in wanted:
+            services.provider_set_paused(user=request.user, provider_id=obj.pk, paused=wanted["paused"])
+        for name, value in wanted.items():
+            setattr(obj, name, value)
 
 
 @admin.register(Project)

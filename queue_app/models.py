@@ -143,6 +143,8 @@ class Project(models.Model):
     system_prompt = models.TextField(blank=True, default="")
     temperature = models.FloatField(null=True, blank=True)
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Hidden from the project list by default; its jobs and album stay as they are.
+    archived = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

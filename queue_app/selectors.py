@@ -386,6 +386,149 @@ def jobs_page(
     }
 
 
+# --- Projects and storage (the project pages, the account page, the API) -----------------
+
+
+def own_projects(user, *, archived: bool | None = False) -> list[Project]:
+    """The user's projects with `.counts` ({status: n}), newest first. `archived`: False
+    hides archived ones (the default list), True lists only them, None lists all."""
+    projects_qs = Project.objects.filter(owner=user).select_related("provider")
+    if archived is not None:
+        projects_qs = projects_qs.filter(archived=archived)
+    projects = list(projects_qs)
+    counts: dict = {}
+    for project_id, job_status, n in (
+        Job.objects.filter(project__in=projects).values_list("project_id", "status").annotate(n=Count("id")).order_by()
+    ):
+        counts.setdefault(project_id, {})[job_status] = n
+    for project in projects:
+        project.counts = counts.get(project.id, {})
+    return projects
+
+
+def project_footprint(project: Project) -> dict:
+    """What deleting a project removes: jobs (and how many run now), album items, bytes."""
+    from django.db.models import Sum
+
+    from queue_app.models import AlbumItem
+
+    album = AlbumItem.objects.filter(project=project).aggregate(n=Count("id"), total=Sum("size"))
+    return {
+        "jobs": Job.objects.filter(project=project).count(),
+        "processing": Job.objects.filter(project=project, status=Status.PROCESSING).count(),
+        "album_items": album["n"] or 0,
+        "bytes": album["total"] or 0,
+    }
+
+
+def project_running_job_ids(project: Project, *, limit: int = 500) -> list[str]:
+    return [str(i) for i in Job.objects.filter(project=project, status=Status.PROCESSING).values_list("id", flat=True)[:limit]]
+
+
+def project_json(project: Project) -> dict:
+    return {
+        "id": project.id,
+        "name": project.name,
+        "kind": project.kind,
+        "provider_id": project.provider_id,
+        "model": project.model,
+        "archived": project.archived,
+        "defaults": {
+            name: getattr(project, name)
+            for name in (
+                "aspect_ratio",
+                "quality",
+                "resolution",
+                "format",
+                "background",
+                "duration",
+                "sound",
+                "system_prompt",
+                "temperature",
+                "max_tokens",
+            )
+        },
+        "counts": getattr(project, "counts", None),
+        "created_at": project.created_at.isoformat(),
+        "updated_at": project.updated_at.isoformat(),
+    }
+
+
+def storage_summary(user, *, project: Project | None = None) -> dict:
+    """Album usage against the user's limit, and what starting jobs would reserve under
+    the estimate rule (JOB_STORAGE_ESTIMATE_BYTES per pending job). `fits_now` is how many
+    more jobs a start may take; with a project, `project_bytes` and `drafts` are its own."""
+    from django.conf import settings
+    from django.db.models import Sum
+
+    from queue_app.engine import outputs
+    from queue_app.models import AlbumItem
+
+    used = outputs.usage_bytes(user.id)
+    limit = outputs.storage_limit(user.id)
+    per_job = settings.JOB_STORAGE_ESTIMATE_BYTES
+    pending = Job.objects.filter(owner=user, status=Status.PENDING).count()
+    reserved = pending * per_job
+    summary = {
+        "used_bytes": used,
+        "limit_bytes": limit,
+        "per_job_bytes": per_job,
+        "pending": pending,
+        "reserved_bytes": reserved,
+        "free_bytes": max(0, limit - used - reserved),
+        "fits_now": max(0, (limit - used - reserved) // per_job) if per_job else 10**9,
+        "percent": min(100, round(100 * (used + reserved) / limit)) if limit else 100,
+    }
+    if project is not None:
+        drafts = Job.objects.filter(project=project, status=Status.DRAFT).count()
+        summary["project_bytes"] = AlbumItem.objects.filter(project=project).aggregate(total=Sum("size"))["total"] or 0
+        summary["drafts"] = drafts
+        summary["start_all_bytes"] = drafts * per_job
+    return summary
+
+
+def provider_json(provider: Provider) -> dict:
+    """A provider as the API shows it: never the key, at most its last four characters."""
+    return {
+        "id": provider.id,
+        "owner_id": provider.owner_id,
+        "name": provider.name,
+        "family": provider.family,
+        "base_url": provider.base_url,
+        "key_hint": provider.api_key_hint,
+        "has_key": bool(provider.api_key_encrypted),
+        "concurrency": provider.concurrency,
+        "max_attempts": provider.max_attempts,
+        "paused": provider.paused,
+        "paused_reason": provider.paused_reason,
+        "cooldown_until": provider.cooldown_until.isoformat() if provider.cooldown_until else None,
+        "options": provider.options,
+        "model_aliases": provider.model_aliases,
+        "created_at": provider.created_at.isoformat(),
+    }
+
+
+def provider_visible(user, provider_id) -> Provider | None:
+    """A provider the user may see (their own; staff: anyone's), or None."""
+    if isinstance(provider_id, bool) or not isinstance(provider_id, int) or not 1 <= provider_id < 2**63:
+        return None
+    providers_qs = Provider.objects.all() if user.is_staff else Provider.objects.filter(owner=user)
+    return providers_qs.filter(id=provider_id).first()
+
+
+PROJECT_CHOICES_LIMIT = 300
+
+
+def project_choices(user, *, selected: int | None = None) -> list[tuple[int, str]]:
+    """(id, name) of the projects a user may filter the monitor by (staff: everyone's),
+    by name; the selected one is always among them even past the limit."""
+    projects_qs = Project.objects.all() if user.is_staff else Project.objects.filter(owner=user)
+    choices = list(projects_qs.filter(archived=False).order_by("name", "id").values_list("id", "name")[:PROJECT_CHOICES_LIMIT])
+    if selected is not None and selected not in {project_id for project_id, _ in choices}:
+        choices += list(projects_qs.filter(id=selected).values_list("id", "name"))
+    return choices
+
+
 # --- Drafts (issue 12) ------------------------------------------------------------------
 
 

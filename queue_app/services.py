@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from queue_app import limits, references, selectors
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 MAX_DRAFTS_PER_REQUEST = limits.QUANTITY.high
 MAX_PROMPT_CHARS = limits.PROMPT_CHARS
+MIB = 1024 * 1024  # storage is shown in MB of 2^20 bytes, as JOB_STORAGE_ESTIMATE_BYTES counts them
 
 
 class ServiceError(Exception):
@@ -239,9 +240,14 @@ def storage_check(*, user, starting: int) -> None:
     used = outputs.usage_bytes(user.id)
     limit = outputs.storage_limit(user.id)
     if used + needed > limit:
+        per_job = settings.JOB_STORAGE_ESTIMATE_BYTES
+        fits = max(0, (limit - used - pending * per_job) // per_job)
         raise ServiceError(
-            f"Storage limit exceeded. Cannot start generation. Remaining: {max(0, limit - used) / 1e6:.1f} MB. "
-            f"Required: ~{needed / 1e6:.0f} MB for {pending + starting} pending job(s).",
+            f"Storage limit exceeded: {fits} of these {starting} job(s) fit now. "
+            f"The album uses {used / MIB:.1f} MB of {limit / MIB:.0f} MB, and every pending job reserves "
+            f"{per_job / MIB:.0f} MB ({pending + starting} pending would need ~{needed / MIB:.0f} MB). "
+            "Free space by deleting album items or projects, or ask an administrator to raise your limit "
+            "(Admin → Account settings, per user).",
             403,
         )
 
@@ -350,10 +356,18 @@ def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
 # --- Providers --------------------------------------------------------------------------
 
 
+def provider_may_change(user, provider: Provider) -> bool:
+    """Staff may see every provider, but changing another user's needs superuser or the
+    Django change permission: `is_staff` alone must not be able to redirect someone's key."""
+    return provider.owner_id == user.id or user.is_superuser or user.has_perm("queue_app.change_provider")
+
+
 def _own_provider(user, provider_id) -> Provider:
     provider = selectors.visible_to(user, Provider).filter(id=provider_id).first()
     if provider is None:
         raise ServiceError("provider not found", 404)
+    if not provider_may_change(user, provider):
+        raise ServiceError("you may see this provider but not change it: it belongs to another user", 403)
     return provider
 
 
@@ -370,8 +384,7 @@ def provider_set_paused(*, user, provider_id, paused: bool) -> Provider:
 def provider_set_concurrency(*, user, provider_id, concurrency) -> Provider:
     """Takes effect at once for new dispatches. Lowering it never cancels running or
     detached work: the extra jobs finish and their slots are not refilled."""
-    if not limits.CONCURRENCY.contains(concurrency):
-        raise ServiceError(limits.CONCURRENCY.message())
+    concurrency = concurrency_checked(concurrency)
     provider = _own_provider(user, provider_id)
     Provider.objects.filter(id=provider.id).update(concurrency=concurrency)
     log.info("provider %s concurrency %s → %s by user %s", provider.id, provider.concurrency, concurrency, user.pk)
@@ -433,6 +446,347 @@ def idempotent(*, user, key: str | None, scope: str, body, run):
         raise
     IdempotencyKey.objects.filter(id=record.id).update(response=payload, status_code=status)
     return payload, status
+
+
+# --- Projects (create / edit / archive / delete) ------------------------------------------
+
+PROJECT_TEXT_FIELDS = {
+    "aspect_ratio": 30,
+    "quality": 30,
+    "resolution": 30,
+    "format": 10,
+    "background": 20,
+    "sound": 10,
+    "model": 200,
+    "system_prompt": MAX_PROMPT_CHARS,
+}
+PROJECT_FIELDS = ("name", "kind", "provider_id", *PROJECT_TEXT_FIELDS, "duration", "temperature", "max_tokens")
+
+
+def _whole(value, name: str, low: int, high: int):
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ServiceError(f"{name} must be a whole number from {low} to {high}")
+    return value
+
+
+def project_values(*, user, data: dict, project: Project | None = None) -> dict:
+    """The project fields in `data`, checked (shared by the page form and the API). Only
+    the keys present are returned; a new project needs a name. Nothing is saved here."""
+    from queue_app.models import Kind
+    from queue_app.providers.catalogue import model_spec
+
+    unknown = set(data) - set(PROJECT_FIELDS)
+    if unknown:
+        raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    values = {}
+    if "name" in data or project is None:
+        name = data.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ServiceError("a project needs a name")
+        if len(name.strip()) > 200:
+            raise ServiceError("the name is longer than 200 characters")
+        values["name"] = name.strip()
+    if "kind" in data:
+        if data["kind"] not in Kind.values:
+            raise ServiceError("kind must be one of " + ", ".join(Kind.values))
+        values["kind"] = data["kind"]
+    if "provider_id" in data:
+        provider_id = data["provider_id"]
+        if provider_id in (None, ""):
+            values["provider"] = None
+        else:
+            if isinstance(provider_id, bool) or not isinstance(provider_id, int) or not 1 <= provider_id < 2**63:
+                raise ServiceError("provider_id must be a provider's id")
+            values["provider"] = Provider.objects.filter(id=provider_id, owner=user).first()
+            if values["provider"] is None:
+                raise ServiceError("provider not found", 404)
+    for name, length in PROJECT_TEXT_FIELDS.items():
+        if name in data:
+            value = "" if data[name] is None else data[name]
+            if not isinstance(value, str) or len(value) > length:
+                raise ServiceError(f"{name.replace('_', ' ')} must be text of at most {length} characters")
+            values[name] = value.strip()
+    if "duration" in data:
+        values["duration"] = _whole(data["duration"], "duration", 1, 600)
+    if "max_tokens" in data:
+        values["max_tokens"] = _whole(data["max_tokens"], "max tokens", 1, 1_000_000)
+    if "temperature" in data:
+        value = data["temperature"]
+        if value in (None, ""):
+            values["temperature"] = None
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
+            raise ServiceError("temperature must be a number from 0 to 2")
+        else:
+            values["temperature"] = float(value)
+    kind = values.get("kind", project.kind if project else Kind.IMAGE)
+    provider = values["provider"] if "provider" in values else (project.provider if project else None)
+    model = values.get("model", project.model if project else "")
+    if provider is not None and kind == Kind.COMFYUI:
+        raise ServiceError("a ComfyUI project runs on a ComfyUI instance, not a provider: leave the provider empty")
+    if provider is not None and model and ("model" in values or "provider" in values or "kind" in values):
+        spec = model_spec(provider.family, model, provider.model_aliases)
+        known = model in (provider.model_aliases or {}) or spec is not None
+        if not known:
+            raise ServiceError(f"model {model!r} is not offered by provider {provider.name}")
+        if spec is not None and spec.kind != kind:
+            raise ServiceError(f"model {model!r} makes {spec.kind}, not {kind}")
+    return values
+
+
+def project_create(*, user, data: dict) -> Project:
+    values = project_values(user=user, data=data)
+    project = Project.objects.create(owner=user, **values)
+    log.info("project %s created by user %s", project.id, user.pk)
+    return project
+
+
+def project_update(*, user, project: Project, data: dict) -> Project:
+    """Rename, change kind, provider, model or defaults. Jobs already started keep the
+    snapshot they were claimed with; drafts and pending jobs resolve against the new values."""
+    if project.owner_id != user.id:
+        raise ServiceError("project not found", 404)
+    values = project_values(user=user, data=data, project=project)
+    for name, value in values.items():
+        setattr(project, name, value)
+    project.save()
+    return project
+
+
+def project_set_archived(*, user, project: Project, archived: bool) -> Project:
+    if project.owner_id != user.id:
+        raise ServiceError("project not found", 404)
+    if not isinstance(archived, bool):
+        raise ServiceError("archived must be true or false")
+    Project.objects.filter(id=project.id).update(archived=archived)
+    project.archived = archived
+    return project
+
+
+def project_delete(*, user, project: Project) -> dict:
+    """Delete a project with its jobs, album and files (which frees its storage). Refused
+    while jobs are processing: a running call would write into a project that is gone."""
+    from queue_app.models import AlbumItem
+
+    if project.owner_id != user.id:
+        raise ServiceError("project not found", 404)
+    with transaction.atomic():
+        # Lock the project's job rows, then check: a dispatch claiming one of them now waits
+        # for this transaction and then finds it gone (PostgreSQL; SQLite writes one at a time).
+        statuses = list(Job.objects.select_for_update().filter(project=project).values_list("status", flat=True))
+        running = statuses.count(Status.PROCESSING)
+        if running:
+            raise ServiceError(f"{running} job{'s are' if running != 1 else ' is'} running; cancel them first", 409)
+        files = [
+            name for pair in AlbumItem.objects.filter(project=project).values_list("file", "poster") for name in pair if name
+        ]
+        summary = {
+            "jobs": len(statuses),
+            "album_items": AlbumItem.objects.filter(project=project).count(),
+            "bytes": AlbumItem.objects.filter(project=project).aggregate(total=Sum("size"))["total"] or 0,
+        }
+        project_id = project.id
+        # album items first: their job link is SET_NULL, so they would not go with the jobs
+        AlbumItem.objects.filter(project=project).delete()
+        Project.objects.filter(id=project_id).delete()
+        transaction.on_commit(lambda: _delete_files(files, folder=f"album/{project_id}"))
+    log.info("project %s deleted by user %s: %s", project_id, user.pk, summary)
+    return summary
+
+
+def _delete_files(names, *, folder: str = "") -> None:
+    """Files go after the commit: a rolled-back delete must not lose them."""
+    import os
+
+    from django.core.files.storage import default_storage
+
+    for name in names:
+        try:
+            default_storage.delete(name)
+        except OSError:
+            log.warning("could not delete an album file of a deleted project")
+    if folder:
+        try:  # the project's album folder, when the storage is a local folder and it is empty
+            os.rmdir(default_storage.path(folder))
+        except (NotImplementedError, OSError):
+            pass
+
+
+# --- Providers (create / edit / delete) -------------------------------------------------
+
+PROVIDER_FIELDS = ("name", "family", "base_url", "api_key", "api_secret", "concurrency", "max_attempts", "paused", "options")
+PROVIDER_FIELDS += ("model_aliases",)
+
+
+def concurrency_checked(value) -> int:
+    """The one check of a provider's concurrency (page, API, admin, MCP), against the
+    declared limit in queue_app/limits.py, in words a person can act on."""
+    bounds = limits.CONCURRENCY
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ServiceError(f"concurrency must be a whole number from {bounds.low} to {bounds.high}")
+    if value < bounds.low:
+        raise ServiceError("concurrency must be at least 1: to stop new work, pause the provider instead")
+    if value > bounds.high:
+        raise ServiceError(f"concurrency can be at most {bounds.high} jobs at once per provider")
+    return value
+
+
+def base_url_checked(url) -> str:
+    """A provider's base URL override: blank, or an address outbound calls may reach.
+    The one home of this check (the provider page, the API and the admin use it)."""
+    from queue_app.providers import net
+
+    if url in (None, ""):
+        return ""
+    if not isinstance(url, str) or len(url) > 200:
+        raise ServiceError("the base URL must be a URL of at most 200 characters")
+    try:
+        return net.validate_base_url(url.strip())
+    except ValueError as error:
+        raise ServiceError(f"base URL: {error}") from None
+
+
+def aliases_checked(family: str, aliases) -> dict:
+    from queue_app.providers.catalogue import CATALOGUE
+
+    if not isinstance(aliases, dict) or len(aliases) > 100:
+        raise ServiceError("model aliases must be an object of at most 100 alias → model pairs")
+    models = CATALOGUE.get(family, {})
+    cleaned = {}
+    for alias, model in aliases.items():
+        if not isinstance(alias, str) or not alias.strip() or len(alias) > 200 or not isinstance(model, str):
+            raise ServiceError("each model alias needs a name (at most 200 characters) and a model")
+        if models and model not in models:
+            raise ServiceError(f"alias {alias!r}: {model!r} is not a {family} model (one of {', '.join(models)})")
+        cleaned[alias.strip()] = model
+    return cleaned
+
+
+def provider_values(*, user, data: dict, provider: Provider | None = None) -> dict:
+    """The provider fields in `data`, checked; nothing saved. Changing the base URL of a
+    provider that exists needs its key again, so a stored key never follows a new address."""
+    from queue_app.models import Family
+    from queue_app.providers.options import clean_options
+
+    unknown = set(data) - set(PROVIDER_FIELDS)
+    if unknown:
+        raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    values = {}
+    if "name" in data or provider is None:
+        name = data.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100:
+            raise ServiceError("a provider needs a name of at most 100 characters")
+        values["name"] = name.strip()
+    if "family" in data or provider is None:
+        if data.get("family") not in Family.values:
+            raise ServiceError("family must be one of " + ", ".join(Family.values))
+        values["family"] = data["family"]
+    family = values.get("family", provider.family if provider else "")
+    for secret in ("api_key", "api_secret"):
+        if data.get(secret) not in (None, ""):
+            if not isinstance(data[secret], str) or len(data[secret]) > 2000:
+                raise ServiceError(f"{secret.replace('_', ' ')} must be text")
+            values[secret] = data[secret].strip()
+    if "base_url" in data:
+        values["base_url"] = base_url_checked(data["base_url"])
+        if provider is not None and values["base_url"] != provider.base_url and not values.get("api_key"):
+            raise ServiceError("to change the base URL, enter the API key again (a stored key never follows a new address)")
+    if "concurrency" in data:
+        values["concurrency"] = concurrency_checked(data["concurrency"])
+    if "max_attempts" in data:
+        value = data["max_attempts"]
+        if isinstance(value, bool) or not isinstance(value, int) or not limits.MAX_ATTEMPTS.contains(value):
+            raise ServiceError(
+                f"max attempts must be a whole number from {limits.MAX_ATTEMPTS.low} to {limits.MAX_ATTEMPTS.high}"
+            )
+        values["max_attempts"] = value
+    if "paused" in data:
+        if not isinstance(data["paused"], bool):
+            raise ServiceError("paused must be true or false")
+        values["paused"] = data["paused"]
+    if "options" in data or (provider is not None and family != provider.family):
+        same_family = provider is not None and family == provider.family
+        try:
+            values["options"] = clean_options(family, data.get("options") or {}, keep=provider.options if same_family else {})
+        except ValueError as error:
+            raise ServiceError(str(error)) from None
+    if "model_aliases" in data:
+        values["model_aliases"] = aliases_checked(family, data["model_aliases"])
+    return values
+
+
+def provider_save(*, user, data: dict, provider: Provider | None = None) -> Provider:
+    """Create a provider, or change one: every field is checked before anything is written
+    (a refused request changes nothing). Concurrency and pause go through their services,
+    which wake dispatch when they free capacity."""
+    if provider is not None:
+        provider = _own_provider(user, provider.id)
+    values = provider_values(user=user, data=data, provider=provider)
+    api_key, api_secret = values.pop("api_key", None), values.pop("api_secret", None)
+    with transaction.atomic():
+        if provider is None:
+            provider = Provider(owner=user, **values)
+            if api_key:
+                provider.api_key = api_key
+            if api_secret:
+                provider.api_secret = api_secret
+            provider.save()
+            log.info("provider %s created by user %s", provider.id, user.pk)
+            return provider
+        concurrency, paused = values.pop("concurrency", None), values.pop("paused", None)
+        if api_key:
+            provider.api_key = api_key
+            values.update(api_key_encrypted=provider.api_key_encrypted, api_key_hint=provider.api_key_hint)
+        if api_secret:
+            provider.api_secret = api_secret
+            values["api_secret_encrypted"] = provider.api_secret_encrypted
+        if values:
+            Provider.objects.filter(id=provider.id).update(**values)
+        if concurrency is not None and concurrency != provider.concurrency:
+            provider_set_concurrency(user=user, provider_id=provider.id, concurrency=concurrency)
+        if paused is not None and paused != provider.paused:
+            provider_set_paused(user=user, provider_id=provider.id, paused=paused)
+    log.info("provider %s changed by user %s: %s", provider.id, user.pk, sorted(set(values) | {"concurrency", "paused"}))
+    return Provider.objects.get(id=provider.id)
+
+
+def provider_work(provider: Provider) -> dict:
+    """Jobs that still need this provider: pending (its own, or its projects' without a
+    provider of their own) and processing (holding one of its slots)."""
+    pending = (
+        Job.objects.filter(status=Status.PENDING)
+        .filter(Q(provider=provider) | Q(provider__isnull=True, project__provider=provider))
+        .count()
+    )
+    processing = Job.objects.filter(status=Status.PROCESSING).filter(Q(active_provider=provider) | Q(provider=provider)).count()
+    return {"pending": pending, "processing": processing}
+
+
+def provider_delete(*, user, provider_id) -> dict:
+    """Delete a provider. Refused while it has pending or processing work (pause it and
+    let the work finish, or cancel it): deleting it would strand those jobs. Drafts and
+    failed jobs that named it, and projects using it, are left without a provider."""
+    from django.db.models import ProtectedError
+
+    provider = _own_provider(user, provider_id)
+    with transaction.atomic():
+        # dispatch locks this row while it hands out slots: no job is claimed meanwhile
+        Provider.objects.select_for_update().filter(id=provider.id).first()
+        work = provider_work(provider)
+        if work["pending"] or work["processing"]:
+            raise ServiceError(
+                f"{provider.name} still has {work['pending']} pending and {work['processing']} processing job(s): "
+                "pause it and let them finish, or cancel them, then delete it",
+                409,
+            )
+        projects = Project.objects.filter(provider=provider).count()
+        try:
+            provider.delete()
+        except ProtectedError:
+            raise ServiceError(f"{provider.name} is running a job; try again when it finishes", 409) from None
+    log.info("provider %s deleted by user %s", provider_id, user.pk)
+    return {"deleted": True, "projects_without_provider": projects}
 
 
 # --- Album ------------------------------------------------------------------------------

@@ -46,7 +46,9 @@ ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 # Browser origins (besides this host) allowed to call /mcp: the DNS-rebinding guard.
 MCP_ALLOWED_ORIGINS = envlist("MCP_ALLOWED_ORIGINS")
-SITE_URL = os.getenv("SITE_URL", "http://127.0.0.1:8000")
+# the port `make run` / `manage.py run_stack` listen on; SITE_URL follows it unless set
+PORT = envint("PORT", 8000)
+SITE_URL = os.getenv("SITE_URL", f"http://127.0.0.1:{PORT}")
 
 INSTALLED_APPS = [
     "daphne",

@@ -58,12 +58,14 @@ def test_status_needs_a_session_or_a_token(client, owner, api):
 
 def test_tokens_are_stored_hashed_shown_once_and_revocable(client, owner):
     client.force_login(owner)
-    response = client.post("/account/tokens", {"name": "laptop"})
+    response = client.post("/account/tokens", {"name": "laptop"}, follow=True)
+    assert response.redirect_chain == [("/account/", 302)]  # a refresh re-sends no POST (issue 12)
     raw = response.context["new_token"]
     assert raw.startswith("rsq_") and raw in response.content.decode()
     token = ApiToken.objects.get(owner=owner)
     assert token.token_hash == tokens.token_hash(raw) and raw not in (token.token_hash, token.prefix)
     assert raw not in client.get("/account/").content.decode()  # never shown again
+    assert ApiToken.objects.filter(owner=owner).count() == 1
     with_token = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert with_token.get("/api/queue/status").status_code == 200
     client.post(f"/account/tokens/{token.id}/revoke")
@@ -176,7 +178,8 @@ def test_provider_pause_resume_and_concurrency(api, provider):
     assert body == {**body, "paused": False, "concurrency": 5}
     assert post(api, f"/api/providers/{provider.id}", {"concurrency": 0}).status_code == 400
     assert post(api, f"/api/providers/{provider.id}", {}).status_code == 400
-    assert api.get(f"/api/providers/{provider.id}").status_code == 405
+    assert api.get(f"/api/providers/{provider.id}").json()["concurrency"] == 5  # GET reads it (issue 12)
+    assert api.put(f"/api/providers/{provider.id}").status_code == 405
 
 
 # --- foreign ids ---

@@ -101,6 +101,8 @@ def walk(site, owner, pages: dict, *, width: int, height: int, mobile: bool) -> 
         page.wait_for_load_state("networkidle")
         widths[name] = page.evaluate("document.scrollingElement.scrollWidth")
         if name == "album":
+            # lazy images start loading once laid out in view: wait for them, not for network idle
+            page.wait_for_function("[...document.querySelectorAll('#album a.lb img')].every((img) => img.complete)")
             shapes = page.evaluate(SHAPES)
         page.screenshot(path=str(SCREENSHOTS / f"{name}-{width}x{height}.png"), full_page=True)
         if widths[name] > width:

@@ -91,7 +91,7 @@ def endpoint(*methods):
             request.user = user
             body = {}
             try:
-                if request.method == "POST":
+                if request.method in ("POST", "PATCH"):
                     body = read_body(request)
                 return view(request, body, *args, **kwargs)
             except services.ServiceError as refusal:

@@ -144,6 +144,7 @@ def monitor_context(request) -> dict:
         "jobs": jobs,
         "filters": filters,
         "state_choices": STATE_CHOICES,
+        "project_choices": selectors.project_choices(request.user, selected=filters["project_id"]),
         "query": urlencode(query),
         "here": request.get_full_path().replace("fragment=1", "").rstrip("?&") or "/queue/",
         "refresh_seconds": REFRESH_SECONDS,

@@ -1,7 +1,6 @@
 """Pages. Thin: parse, call one service or selector, render. Every lookup is scoped to
 the signed-in user, so another user's project, provider or job answers 404."""
 
-from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, Count, IntegerField, Value, When
@@ -12,11 +11,9 @@ from django.views.decorators.http import require_POST
 
 from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
-from queue_app.models import AlbumItem, ApiToken, Family, Job, Kind, Project, Provider, Status
-from queue_app.providers import crypto
+from queue_app.models import AlbumItem, ApiToken, Kind, Project, Status
 from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files, tokens
-from queue_app.web.base_url import CleansBaseUrl
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
@@ -28,19 +25,6 @@ def own(model, user, **lookup):
     if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
         raise Http404("not found")  # an id no database column can hold
     return get_object_or_404(selectors.visible_to(user, model), **lookup)
-
-
-@login_required
-def project_list(request):
-    projects = list(Project.objects.filter(owner=request.user).select_related("provider"))
-    counts = {}
-    for project_id, job_status, n in (
-        Job.objects.filter(project__in=projects).values_list("project_id", "status").annotate(n=Count("id")).order_by()
-    ):
-        counts.setdefault(project_id, {})[job_status] = n
-    for project in projects:
-        project.counts = counts.get(project.id, {})
-    return render(request, "queue_app/project_list.html", {"projects": projects})
 
 
 # --- Project page -----------------------------------------------------------------------
@@ -107,7 +91,12 @@ def project_context(request, project: Project) -> dict:
     groups, album_total = album_groups(project)
     from queue_app.web import drafts  # the drafts section: its list page and the add form's fields
 
+    storage = selectors.storage_summary(project.owner, project=project)
     return {
+        "storage": storage,
+        # the quantity field offers no more than a start could take now (drafts cost nothing,
+        # but a batch that can never start is a trap)
+        "quantity_max": max(1, min(services.MAX_DRAFTS_PER_REQUEST, storage["fits_now"])),
         "project": project,
         "counts": counts,
         **drafts.drafts_context(request, project),
@@ -193,36 +182,6 @@ def _is_uuid(value) -> bool:
 
 
 @login_required
-def provider_list(request):
-    providers = Provider.objects.filter(owner=request.user)
-    return render(request, "queue_app/provider_list.html", {"providers": providers, "families": Family.choices})
-
-
-class ProviderEditForm(CleansBaseUrl, forms.ModelForm):
-    api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False))
-
-    class Meta:
-        model = Provider
-        fields = ["name", "family", "base_url", "concurrency", "max_attempts", "paused"]
-
-
-@login_required
-def provider_edit(request, provider_id=None):
-    provider = own(Provider, request.user, id=provider_id) if provider_id else Provider(owner=request.user)
-    form = ProviderEditForm(request.POST or None, instance=provider)
-    if request.method == "POST" and form.is_valid():
-        obj = form.save(commit=False)
-        if form.cleaned_data.get("api_key"):
-            obj.api_key = form.cleaned_data["api_key"]
-        obj.save()
-        messages.success(request, "provider saved")
-        return redirect("provider_list")
-    return render(
-        request, "queue_app/provider_edit.html", {"form": form, "provider": provider, "key_hint": crypto.hint(provider.api_key)}
-    )
-
-
-@login_required
 def album_file(request, item_id, variant="file"):
     """An album item's file, for its owner only (album files are never public URLs)."""
     item = own(AlbumItem, request.user, id=item_id)
@@ -239,12 +198,24 @@ def album_file(request, item_id, variant="file"):
 
 
 def account_context(request, **extra) -> dict:
-    return {"tokens": ApiToken.objects.filter(owner=request.user), "new_token": None, **extra}
+    return {
+        "tokens": ApiToken.objects.filter(owner=request.user),
+        "new_token": None,
+        "storage": selectors.storage_summary(request.user),
+        **extra,
+    }
+
+
+NEW_TOKEN_KEY = "new_api_token"
 
 
 @login_required
 def account(request):
-    return render(request, "queue_app/account.html", account_context(request))
+    # A token just created is shown once: taken out of the session on the first GET, so a
+    # refresh neither shows it again nor (being a GET) creates another one.
+    new = request.session.pop(NEW_TOKEN_KEY, None)
+    extra = {"new_token": new["token"], "new_token_name": new["name"]} if new else {}
+    return render(request, "queue_app/account.html", account_context(request, **extra))
 
 
 @login_required
@@ -255,8 +226,10 @@ def account_token_create(request):
     except services.ServiceError as error:
         messages.error(request, error.message)
         return redirect("account")
-    # Shown once, on this response only; the database keeps a hash.
-    return render(request, "queue_app/account.html", account_context(request, new_token=raw, new_token_name=token.name))
+    # POST-redirect-GET: the database keeps a hash; the session carries the token to the
+    # next page view only.
+    request.session[NEW_TOKEN_KEY] = {"token": raw, "name": token.name}
+    return redirect("account")
 
 
 @login_required

@@ -1,10 +1,28 @@
 from django.urls import path
 
-from queue_app.web import album_pages, api, api_drafts, cancel, drafts, job_page, mcp, monitor, openapi, pages
+from queue_app.web import (
+    album_pages,
+    api,
+    api_drafts,
+    api_manage,
+    cancel,
+    drafts,
+    job_page,
+    mcp,
+    monitor,
+    openapi,
+    pages,
+    projects,
+    providers,
+)
 
 urlpatterns = [
     # pages
-    path("projects/", pages.project_list, name="project_list"),
+    path("projects/", projects.project_list, name="project_list"),
+    path("projects/new", projects.project_edit, name="project_new"),
+    path("projects/<int:project_id>/edit", projects.project_edit, name="project_edit"),
+    path("projects/<int:project_id>/archive", projects.project_archive, name="project_archive"),
+    path("projects/<int:project_id>/delete", projects.project_delete, name="project_delete"),
     path("projects/<int:project_id>/", pages.project_detail, name="project_detail"),
     path("projects/<int:project_id>/start", pages.project_start, name="project_start"),
     path("projects/<int:project_id>/retry", pages.project_retry, name="project_retry"),
@@ -18,9 +36,11 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", job_page.job_detail, name="job_detail"),
     path("jobs/<uuid:job_id>/cancel", cancel.job_cancel, name="job_cancel"),
     path("jobs/<uuid:job_id>/retry", job_page.job_retry, name="job_retry"),
-    path("providers/", pages.provider_list, name="provider_list"),
-    path("providers/new", pages.provider_edit, name="provider_new"),
-    path("providers/<int:provider_id>/", pages.provider_edit, name="provider_edit"),
+    path("providers/", providers.provider_list, name="provider_list"),
+    path("providers/new", providers.provider_edit, name="provider_new"),
+    path("providers/<int:provider_id>/", providers.provider_edit, name="provider_edit"),
+    path("providers/<int:provider_id>/test", providers.provider_test, name="provider_test"),
+    path("providers/<int:provider_id>/delete", providers.provider_delete, name="provider_delete"),
     path("album/<int:item_id>/file", pages.album_file, name="album_file"),
     path("album/<int:item_id>/poster", pages.album_file, {"variant": "poster"}, name="album_poster"),
     path("album/<int:item_id>/delete", album_pages.album_delete, name="album_delete"),
@@ -43,7 +63,11 @@ urlpatterns = [
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
     path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
     path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
-    path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
+    path("api/projects", api_manage.projects_view, name="api_projects"),
+    path("api/projects/<int:project_id>", api_manage.project_view, name="api_project"),
+    path("api/providers", api_manage.providers_view, name="api_providers"),
+    path("api/providers/<int:provider_id>", api_manage.provider_view, name="api_provider"),
+    path("api/providers/<int:provider_id>/test", api_manage.provider_test_view, name="api_provider_test"),
     path("api/openapi.json", openapi.openapi_view, name="api_openapi"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),

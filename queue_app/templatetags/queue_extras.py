@@ -1,0 +1,22 @@
+"""Small template filters: sizes in MB, field names as labels."""
+
+from django import template
+
+register = template.Library()
+MIB = 1024 * 1024
+
+
+@register.filter
+def megabytes(value) -> str:
+    """Bytes as MB (MiB, as the 25 MB-per-job rule counts them) with one decimal below 10."""
+    try:
+        mb = int(value or 0) / MIB
+    except (TypeError, ValueError):
+        return "—"
+    return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"
+
+
+@register.filter
+def field_label(name) -> str:
+    """ "aspect_ratio" → "Aspect ratio"."""
+    return str(name).replace("_", " ").capitalize()

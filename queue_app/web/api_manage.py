@@ -1,0 +1,115 @@
+"""The JSON API for managing projects and providers (the rest of the API is in api.py,
+whose `endpoint` decorator authenticates, parses and maps refusals to {"error": …}).
+
+- GET/POST /api/projects, GET/PATCH/DELETE /api/projects/<id>
+- GET/POST /api/providers, GET/PATCH/DELETE /api/providers/<id> (POST there keeps its old
+  meaning: set paused and/or concurrency), POST /api/providers/<id>/test
+
+Only the owner changes a project. Staff see every provider; changing another user's needs
+superuser or the change permission (services.provider_may_change)."""
+
+import inspect
+
+from queue_app import selectors, services
+from queue_app.models import Project, Provider
+from queue_app.providers import keycheck
+from queue_app.web import api
+from queue_app.web.api import answer, endpoint, visible_project
+
+ARCHIVED = {"false": False, "true": True, "all": None}
+
+
+@endpoint("GET", "POST")
+def projects_view(request, body):
+    if request.method == "GET":
+        archived = request.GET.get("archived", "false")
+        if archived not in ARCHIVED:
+            raise services.ServiceError("archived must be true, false or all")
+        projects = selectors.own_projects(request.user, archived=ARCHIVED[archived])
+        return answer({"projects": [selectors.project_json(project) for project in projects]})
+    payload, code = services.idempotent(
+        user=request.user,
+        key=request.headers.get("Idempotency-Key"),
+        scope="projects:create",
+        body=body,
+        run=lambda: (selectors.project_json(services.project_create(user=request.user, data=body)), 201),
+    )
+    return answer(payload, code)
+
+
+def _project_update(user, project: Project, body: dict) -> Project:
+    data = dict(body)
+    archived = data.pop("archived", None)
+    if archived is not None and not isinstance(archived, bool):
+        raise services.ServiceError("archived must be true or false")
+    if project.owner_id != user.id:
+        raise services.ServiceError("only the project's owner can change it", 403)
+    if data:  # checked whole before anything is written
+        services.project_update(user=user, project=project, data=data)
+    if archived is not None:
+        services.project_set_archived(user=user, project=project, archived=archived)
+    return project
+
+
+@endpoint("GET", "PATCH", "DELETE")
+def project_view(request, body, project_id):
+    project = visible_project(request.user, project_id)
+    if request.method == "GET":
+        return answer(
+            {
+                **selectors.project_json(project),
+                "footprint": selectors.project_footprint(project),
+                "storage": selectors.storage_summary(project.owner, project=project),
+            }
+        )
+    if request.method == "PATCH":
+        if not body:
+            raise services.ServiceError("give the fields to change")
+        return answer(selectors.project_json(_project_update(request.user, project, body)))
+    if project.owner_id != request.user.id:
+        raise services.ServiceError("only the project's owner can delete it", 403)
+    return answer({"deleted": True, **services.project_delete(user=request.user, project=project)})
+
+
+def _visible_provider(user, provider_id) -> Provider:
+    provider = selectors.provider_visible(user, provider_id)
+    if provider is None:
+        raise services.ServiceError("provider not found", 404)
+    return provider
+
+
+@endpoint("GET", "POST")
+def providers_view(request, body):
+    if request.method == "GET":
+        providers = Provider.objects.all() if request.user.is_staff else Provider.objects.filter(owner=request.user)
+        return answer({"providers": [selectors.provider_json(p) for p in providers.order_by("id")]})
+    payload, code = services.idempotent(
+        user=request.user,
+        key=request.headers.get("Idempotency-Key"),
+        scope="providers:create",
+        body={key: value for key, value in body.items() if key not in ("api_key", "api_secret")},
+        run=lambda: (selectors.provider_json(services.provider_save(user=request.user, data=body)), 201),
+    )
+    return answer(payload, code)
+
+
+@endpoint("GET", "POST", "PATCH", "DELETE")
+def provider_view(request, body, provider_id):
+    if request.method == "POST":
+        # the original endpoint: {"paused": …} and/or {"concurrency": …}
+        return inspect.unwrap(api.provider_view)(request, body, provider_id)
+    provider = _visible_provider(request.user, provider_id)
+    if request.method == "GET":
+        return answer({**selectors.provider_json(provider), "work": services.provider_work(provider)})
+    if request.method == "PATCH":
+        if not body:
+            raise services.ServiceError("give the fields to change")
+        return answer(selectors.provider_json(services.provider_save(user=request.user, provider=provider, data=body)))
+    return answer(services.provider_delete(user=request.user, provider_id=provider.id))
+
+
+@endpoint("POST")
+def provider_test_view(request, body, provider_id):
+    provider = _visible_provider(request.user, provider_id)
+    result = keycheck.test_key(provider)
+    return answer({"id": provider.id, **result})

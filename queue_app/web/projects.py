@@ -1,0 +1,134 @@
+"""Project pages: the list (archived ones hidden unless asked for), create, edit,
+archive / unarchive, delete with a confirmation that counts what goes. Thin: the form
+parses, `services.project_*` validates and writes, `selectors` read."""
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from queue_app import selectors, services
+from queue_app.models import Kind, Project, Provider
+from queue_app.providers.catalogue import CATALOGUE
+from queue_app.web.pages import own
+
+
+class ProjectForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    kind = forms.ChoiceField(choices=Kind.choices, initial=Kind.IMAGE)
+    provider_id = forms.TypedChoiceField(label="Provider", coerce=int, empty_value=None, required=False)
+    model = forms.CharField(max_length=200, required=False, help_text="blank: the provider's default for the kind")
+    aspect_ratio = forms.CharField(label="Aspect ratio", max_length=30, required=False)
+    quality = forms.CharField(max_length=30, required=False)
+    resolution = forms.CharField(max_length=30, required=False)
+    format = forms.CharField(max_length=10, required=False)
+    background = forms.CharField(max_length=20, required=False)
+    duration = forms.IntegerField(label="Duration (seconds)", min_value=1, max_value=600, required=False)
+    sound = forms.ChoiceField(choices=[("", "default"), ("on", "on"), ("off", "off")], required=False)
+    system_prompt = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}), max_length=services.MAX_PROMPT_CHARS, required=False
+    )
+    temperature = forms.FloatField(min_value=0, max_value=2, required=False)
+    max_tokens = forms.IntegerField(label="Max tokens", min_value=1, max_value=1_000_000, required=False)
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        providers = Provider.objects.filter(owner=user).order_by("name", "id")
+        self.fields["provider_id"].choices = [("", "none")] + [(p.id, f"{p.name} ({p.family})") for p in providers]
+
+
+def model_options(user) -> list[tuple[str, str]]:
+    """Every model the user's providers offer, for the form's suggestion list."""
+    seen, options = set(), []
+    for provider in Provider.objects.filter(owner=user):
+        for spec in CATALOGUE.get(provider.family, {}).values():
+            if spec.id not in seen:
+                seen.add(spec.id)
+                options.append((spec.id, f"{spec.name} · {spec.kind} · {provider.family}"))
+        for alias in provider.model_aliases or {}:
+            if alias not in seen:
+                seen.add(alias)
+                options.append((alias, f"{alias} (alias on {provider.name})"))
+    return options
+
+
+def initial_of(project: Project) -> dict:
+    data = {name: getattr(project, name) for name in services.PROJECT_TEXT_FIELDS}
+    data.update(
+        name=project.name,
+        kind=project.kind,
+        provider_id=project.provider_id,
+        duration=project.duration,
+        temperature=project.temperature,
+        max_tokens=project.max_tokens,
+    )
+    return data
+
+
+@login_required
+def project_list(request):
+    show = request.GET.get("show", "")
+    archived = {"archived": True, "all": None}.get(show, False)
+    projects = selectors.own_projects(request.user, archived=archived)
+    hidden = Project.objects.filter(owner=request.user, archived=True).count() if archived is False else 0
+    return render(
+        request,
+        "queue_app/project_list.html",
+        {"projects": projects, "show": show, "archived_hidden": hidden, "storage": selectors.storage_summary(request.user)},
+    )
+
+
+@login_required
+def project_edit(request, project_id=None):
+    """Create (no id) or edit a project of the signed-in user."""
+    project = own(Project, request.user, id=project_id) if project_id else None
+    if project is not None and project.owner_id != request.user.id:
+        messages.error(request, "only the project's owner can change it")
+        return redirect("project_detail", project_id=project.id)
+    form = ProjectForm(request.POST or None, user=request.user, initial=initial_of(project) if project else None)
+    if request.method == "POST" and form.is_valid():
+        data = {name: value for name, value in form.cleaned_data.items()}
+        try:
+            if project is None:
+                project = services.project_create(user=request.user, data=data)
+                messages.success(request, f"project “{project.name}” created")
+            else:
+                services.project_update(user=request.user, project=project, data=data)
+                messages.success(request, "project saved")
+            return redirect("project_detail", project_id=project.id)
+        except services.ServiceError as error:
+            form.add_error(None, error.message)
+    return render(
+        request, "queue_app/project_form.html", {"form": form, "project": project, "models": model_options(request.user)}
+    )
+
+
+@login_required
+@require_POST
+def project_archive(request, project_id):
+    project = own(Project, request.user, id=project_id)
+    archived = request.POST.get("archived", "1") == "1"
+    try:
+        services.project_set_archived(user=request.user, project=project, archived=archived)
+        messages.success(request, f"project “{project.name}” {'archived' if archived else 'restored'}")
+    except services.ServiceError as error:
+        messages.error(request, error.message)
+    return redirect("project_list") if archived else redirect("project_detail", project_id=project.id)
+
+
+@login_required
+def project_delete(request, project_id):
+    """GET: what would go (jobs, album items, bytes). POST: delete it."""
+    project = own(Project, request.user, id=project_id)
+    if request.method == "POST":
+        try:
+            services.project_delete(user=request.user, project=project)
+            messages.success(request, f"project “{project.name}” deleted")
+            return redirect("project_list")
+        except services.ServiceError as error:
+            messages.error(request, error.message)
+    footprint = selectors.project_footprint(project)
+    # the running jobs, for the page's "Cancel them" button (the cancel view does the work)
+    running = selectors.project_running_job_ids(project) if footprint["processing"] else []
+    return render(request, "queue_app/project_delete.html", {"project": project, "footprint": footprint, "running": running})
