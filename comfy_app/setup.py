@@ -85,5 +85,7 @@ def merge_picker(post, raw_bindings: list, workflow: dict) -> list:
         if choice in CHOICES:
             source, kind, _ = CHOICES[choice]
             picked.append({"source": source, "node": node, "input": name, "kind": kind})
-    kept = [b for b in raw_bindings or [] if isinstance(b, dict) and (str(b.get("node")), b.get("input")) not in shown]
+    # Raw bindings are user JSON: any field may be a list or an object, which the binding
+    # check refuses later with a form error; here they only must not be hashed.
+    kept = [b for b in raw_bindings or [] if isinstance(b, dict) and (str(b.get("node")), str(b.get("input"))) not in shown]
     return kept + picked

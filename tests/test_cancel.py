@@ -315,9 +315,9 @@ def test_the_api_replays_an_idempotent_cancel(owner, project):
 @pytest.mark.parametrize(
     ("body", "code", "message"),
     [
-        ({}, 400, "job_ids must be a list"),
-        ({"job_ids": "abc"}, 400, "job_ids must be a list"),
-        ({"job_ids": ["not-a-uuid"]}, 400, "job ids (UUIDs)"),
+        ({}, 400, "job_ids: Field required"),
+        ({"job_ids": "abc"}, 400, "job_ids: Input should be a valid list"),
+        ({"job_ids": ["not-a-uuid"]}, 400, "job_ids.0: Input should be a valid UUID"),
         ({"job_ids": [str(uuid.uuid4())]}, 404, "job not found"),
     ],
 )

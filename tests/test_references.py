@@ -196,7 +196,7 @@ def test_the_api_stores_a_data_uri_like_an_upload_and_refuses_what_the_page_refu
         (["ref:" + "0" * 64], "no uploaded image"),
         (["file:///etc/passwd"], "must be ref:<sha256>, album:<id>, a data: URI or an http(s) URL"),
         (["https://x.example/a.png"] * (references.MAX_REFERENCES + 1), f"at most {references.MAX_REFERENCES}"),
-        ("not a list", "must be a list"),
+        ("not a list", "references: Input should be a valid list"),
     ]:
         response = post(refs)
         assert response.status_code == 400 and says in response.json()["error"], (refs, response.json())
