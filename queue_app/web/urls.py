@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, health, mcp, monitor, pages
+from queue_app.web import api, health, mcp, metrics, monitor, pages
 
 urlpatterns = [
     # pages
@@ -37,4 +37,5 @@ urlpatterns = [
     # operator's view (issue 13): health checks, Prometheus, workers
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
 ]
