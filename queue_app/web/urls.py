@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, health, mcp, metrics, monitor, pages
+from queue_app.web import api, health, mcp, metrics, monitor, pages, workers
 
 urlpatterns = [
     # pages
@@ -38,4 +38,5 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
+    path("queue/workers/", workers.workers, name="queue_workers"),
 ]
