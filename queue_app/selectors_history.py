@@ -77,18 +77,41 @@ def _durations(kind: str, user):
 def duration_histogram(kind: str, *, user=None, since=None) -> dict:
     """{"buckets": [(upper bound seconds, cumulative count)...], "count", "sum"} of queue
     waits (`kind="wait"`) or run times (`kind="run"`), one query."""
+    return duration_histograms(kind, user=user, since=since, by_provider=False)["all"]
+
+
+def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool = True) -> dict:
+    """{"all": histogram, provider_id: histogram, ...}: one grouped query (the database
+    counts each bucket); "all" sums the providers'."""
     bounds = WAIT_BUCKETS if kind == "wait" else RUN_BUCKETS
     attempts, field = _durations(kind, user)
     if since is not None:
         attempts = attempts.filter(**{f"{field}__gte": since})
     aggregates = {f"le{i}": Count("id", filter=Q(d__lte=timedelta(seconds=b))) for i, b in enumerate(bounds)}
-    row = attempts.aggregate(count=Count("id"), total=Sum("d"), **aggregates)
-    total = row["total"]
-    return {
-        "buckets": [(b, row[f"le{i}"]) for i, b in enumerate(bounds)],
-        "count": row["count"],
-        "sum": total.total_seconds() if total else 0.0,
-    }
+    if by_provider:
+        rows = list(
+            attempts.annotate(provider=_provider())
+            .values("provider")
+            .annotate(count=Count("id"), total=Sum("d"), **aggregates)
+            .order_by()
+        )
+    else:
+        rows = [attempts.aggregate(count=Count("id"), total=Sum("d"), **aggregates)]
+    answer = {"all": {"buckets": [(b, 0) for b in bounds], "count": 0, "sum": 0.0}}
+    for row in rows:
+        total = row["total"]
+        histogram = {
+            "buckets": [(b, row[f"le{i}"] or 0) for i, b in enumerate(bounds)],
+            "count": row["count"] or 0,
+            "sum": total.total_seconds() if total else 0.0,
+        }
+        if by_provider:
+            answer[row["provider"]] = histogram
+        whole = answer["all"]
+        whole["buckets"] = [(b, n + m) for (b, n), (_, m) in zip(whole["buckets"], histogram["buckets"], strict=True)]
+        whole["count"] += histogram["count"]
+        whole["sum"] += histogram["sum"]
+    return answer
 
 
 def percentiles(histogram: dict, qs=(0.5, 0.95, 0.99)) -> dict:
@@ -181,8 +204,13 @@ def provider_alerts(status: dict, *, user=None, now=None, rates: dict | None = N
         if ended >= settings.ALERT_MIN_ATTEMPTS and failed / ended > threshold_rate:
             message = f"{failed} of {ended} attempts failed in 5 min (over {threshold_rate:.0%})"
             found.append({"kind": "failure_rate", "message": message})
-        if row.get("warning"):
-            found.append({"kind": "no_worker", "message": row["warning"]})
+        live = status.get("liveness") or {}
+        if not live.get("workers") and (row["pending"] or row["running"] or row["stalled"]):
+            found.append({"kind": "no_worker", "message": row.get("warning") or "jobs in its slots but no live worker cluster"})
+        elif row["detached"] and not live.get("queue_services"):
+            found.append(
+                {"kind": "no_worker", "message": row.get("warning") or "detached jobs not polled: no live queue service"}
+            )
         alerts[row["id"]] = found
     return alerts
 

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 from queue_app import selectors, services
 from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
+from queue_app.web import history
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,11 @@ def monitor_context(request) -> dict:
 @login_required
 def monitor(request):
     context = monitor_context(request)
+    # history charts, percentiles and provider alerts (queue_app/web/history.py)
+    range_name = request.GET.get("range") or "hour"
+    context.update(
+        history.history_context(user=request.user, summary=context["summary"], range_name=range_name, now=context["now"])
+    )
     if request.GET.get("fragment"):
         return render(request, "queue_app/monitor_live.html", context)
     return render(request, "queue_app/monitor.html", context)
