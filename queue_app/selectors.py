@@ -20,6 +20,7 @@ from django.db.models import BooleanField, Case, Count, Max, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from queue_app import selectors_search
 from queue_app.engine import heartbeats, runners
 from queue_app.models import Job, Project, Provider, Status
 
@@ -368,6 +369,7 @@ def jobs_page(
     project_id: int | None = None,
     model: str = "",
     error: str = "",
+    search: str = "",
     page: int = 1,
     per_page: int = 50,
     with_attempts: bool = True,
@@ -395,6 +397,8 @@ def jobs_page(
         jobs = jobs.filter(Q(model__icontains=model) | Q(model="", project__model__icontains=model))
     if error:
         jobs = jobs.filter(error__icontains=error)
+    if search:
+        jobs = jobs.filter(selectors_search.search_condition(search))  # prompt, job id, task id
     if known_total is not None:
         # the caller already counted these (queue_status's totals): no second count
         total, total_capped = known_total, False

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, health, mcp, metrics, monitor, pages, workers
+from queue_app.web import api, health, mcp, metrics, monitor, pages, search, workers
 
 urlpatterns = [
     # pages
@@ -39,4 +39,5 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("queue/workers/", workers.workers, name="queue_workers"),
+    path("queue/jobs/bulk", search.bulk_action, name="monitor_bulk"),
 ]
