@@ -23,8 +23,8 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
-from django.db.models.functions import Coalesce, TruncMinute
+from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from queue_app.models import JobAttempt
@@ -45,6 +45,45 @@ RANGES = {
 }
 
 
+class EpochSeconds(Func):
+    """A timestamp as seconds since 1970, in the database's own arithmetic. Django's
+    datetime subtraction and TruncMinute run a Python function per row on SQLite; over a
+    day of attempts that cost the monitor a second and more (julianday is native)."""
+
+    output_field = FloatField()
+    template = "EXTRACT(EPOCH FROM %(expressions)s)"
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra)
+
+
+class Seconds(Func):
+    """`end - start` in seconds (a float), natively on PostgreSQL and SQLite."""
+
+    output_field = FloatField()
+    arg_joiner = " - "
+    template = "(%(expressions)s)"
+
+    def __init__(self, end, start):
+        super().__init__(EpochSeconds(end), EpochSeconds(start))
+
+
+class EpochBin(Func):
+    """The number of the `step`-second bin a timestamp falls in (floor of epoch / step)."""
+
+    output_field = IntegerField()
+
+    def __init__(self, field, step: int):
+        super().__init__(EpochSeconds(field), step=int(step))
+
+    def as_sql(self, compiler, connection, **extra):
+        return super().as_sql(compiler, connection, template="FLOOR(%(expressions)s / %(step)s)", **extra)
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # epochs are positive: truncation is the floor
+        return super().as_sql(compiler, connection, template="CAST(%(expressions)s / %(step)s AS INTEGER)", **extra)
+
+
 def _provider():
     return Coalesce("job__provider_id", "job__project__provider_id")
 
@@ -61,17 +100,15 @@ def attempt_outcomes(*, user=None) -> dict:
 
 
 def _durations(kind: str, user):
-    """(queryset with a `d` duration annotation, the time field the window applies to)."""
+    """(queryset with a `d` annotation in seconds, the time field the window applies to)."""
     attempts = _visible(user)
     if kind == "wait":
         # The first attempt since the job was last queued (a retry of a failed job queues
         # it again and numbers its attempts from 1 again).
         attempts = attempts.filter(number=1, job__queued_at__isnull=False, started_at__gte=F("job__queued_at"))
-        return attempts.annotate(
-            d=ExpressionWrapper(F("started_at") - F("job__queued_at"), output_field=DurationField())
-        ), "started_at"
+        return attempts.annotate(d=Seconds("started_at", "job__queued_at")), "started_at"
     attempts = attempts.filter(finished_at__isnull=False)
-    return attempts.annotate(d=ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())), "finished_at"
+    return attempts.annotate(d=Seconds("finished_at", "started_at")), "finished_at"
 
 
 def duration_histogram(kind: str, *, user=None, since=None) -> dict:
@@ -87,7 +124,7 @@ def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool =
     attempts, field = _durations(kind, user)
     if since is not None:
         attempts = attempts.filter(**{f"{field}__gte": since})
-    aggregates = {f"le{i}": Count("id", filter=Q(d__lte=timedelta(seconds=b))) for i, b in enumerate(bounds)}
+    aggregates = {f"le{i}": Count("id", filter=Q(d__lte=float(b))) for i, b in enumerate(bounds)}
     if by_provider:
         rows = list(
             attempts.annotate(provider=_provider())
@@ -103,7 +140,7 @@ def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool =
         histogram = {
             "buckets": [(b, row[f"le{i}"] or 0) for i, b in enumerate(bounds)],
             "count": row["count"] or 0,
-            "sum": total.total_seconds() if total else 0.0,
+            "sum": float(total or 0.0),
         }
         if by_provider:
             answer[row["provider"]] = histogram
@@ -140,26 +177,27 @@ def percentiles(histogram: dict, qs=(0.5, 0.95, 0.99)) -> dict:
 def throughput(*, user=None, range_name: str = "hour", now=None) -> dict:
     """Attempts that ended completed / failed per bin over the last hour (1-minute bins) or
     day (15-minute bins), per provider id: {"bins": [start datetimes], "providers":
-    {provider_id: {"completed": [n per bin], "failed": [...]}}}. One grouped query (per
-    minute; the day's bins are summed here)."""
+    {provider_id: {"completed": [n per bin], "failed": [...]}}}. One grouped query; the
+    database bins the end times itself (EpochBin)."""
     window, step = RANGES.get(range_name, RANGES["hour"])
     now = now or timezone.now()
     step_seconds = int(step.total_seconds())
     end = _floor(now, step_seconds) + step
     start = end - window
+    first_bin = int(start.timestamp()) // step_seconds
     rows = (
         _visible(user)
         .filter(finished_at__gte=start, finished_at__lt=end)
         .exclude(outcome__in=(Outcome.RUNNING, Outcome.DETACHED))
-        .annotate(minute=TruncMinute("finished_at"), provider=_provider())
-        .values("minute", "provider", "outcome")
+        .annotate(bin=EpochBin("finished_at", step_seconds), provider=_provider())
+        .values("bin", "provider", "outcome")
         .annotate(n=Count("id"))
         .order_by()
     )
     size = int(window / step)
     series: dict = defaultdict(lambda: {"completed": [0] * size, "failed": [0] * size})
     for row in rows:
-        index = int((row["minute"] - start).total_seconds() // step_seconds)
+        index = int(row["bin"]) - first_bin
         if 0 <= index < size:
             series[row["provider"]]["completed" if row["outcome"] == Outcome.COMPLETED else "failed"][index] += row["n"]
     return {"bins": [start + step * i for i in range(size)], "step_seconds": step_seconds, "providers": dict(series)}
