@@ -284,6 +284,8 @@ METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")
 ALERT_WAIT_SECONDS = envfloat("ALERT_WAIT_SECONDS", 600)
 ALERT_FAILURE_RATE = envfloat("ALERT_FAILURE_RATE", 0.5)
 ALERT_MIN_ATTEMPTS = envint("ALERT_MIN_ATTEMPTS", 5)
+# The monitor's charts (attempt log) are recomputed at most this often per user and range.
+HISTORY_CACHE_SECONDS = envfloat("HISTORY_CACHE_SECONDS", 10)
 
 LOGGING = {
     "version": 1,

@@ -7,6 +7,8 @@ whatever the number of jobs; the monitor view adds this to its context, and the 
 refreshes it with the rest of the page.
 """
 
+from django.conf import settings
+from django.core.cache import cache
 from django.utils import timezone
 
 from queue_app import selectors_history
@@ -17,17 +19,33 @@ RANGE_CHOICES = (("hour", "last hour"), ("day", "last day"))
 
 
 def history_context(*, user, summary: dict, range_name: str = "hour", now=None) -> dict:
+    """The history section and each provider row's alerts. The attempt-log part (charts,
+    percentiles, 5-minute failure counts) is kept HISTORY_CACHE_SECONDS per user and range:
+    the page refreshes every 4 s, minute bins do not need it, and that part is most of
+    the page's time. The alerts read the live summary every time."""
     now = now or timezone.now()
     range_name = range_name if range_name in selectors_history.RANGES else "hour"
-    window, _ = selectors_history.RANGES[range_name]
-    since = now - window
-
-    rates = selectors_history.failure_rates(user=user, now=now)
+    seconds = settings.HISTORY_CACHE_SECONDS
+    key = f"monitor-history:{user.pk}:{int(user.is_staff)}:{range_name}"
+    cached = cache.get(key) if seconds > 0 else None
+    if cached is None:
+        cached = _from_attempt_log(user=user, summary=summary, range_name=range_name, now=now)
+        if seconds > 0:
+            cache.set(key, cached, seconds)
+    rates = cached["rates"]
     alerts = selectors_history.provider_alerts(summary, user=user, now=now, rates=rates)
     for row in summary.get("providers", []):
         row["alerts"] = alerts.get(row["id"], [])
         failed, ended = rates.get(row["id"], (0, 0))
         row["failure_rate_5m"] = f"{failed}/{ended}" if ended else ""
+    history = dict(cached["history"], alerting=sum(1 for row in summary.get("providers", []) if row.get("alerts")))
+    return {"history": history}
+
+
+def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
+    window, _ = selectors_history.RANGES[range_name]
+    since = now - window
+    rates = selectors_history.failure_rates(user=user, now=now)
 
     series = selectors_history.throughput(user=user, range_name=range_name, now=now)
     waits = selectors_history.duration_histograms("wait", user=user, since=since)
@@ -70,14 +88,15 @@ def history_context(*, user, summary: dict, range_name: str = "hour", now=None) 
         name = names.get(provider_id) or ("no provider (runner)" if provider_id is None else f"provider {provider_id}")
         charts_rows.append(entry(provider_id, name, counts))
     return {
+        "rates": rates,
         "history": {
             "range": range_name,
             "range_choices": RANGE_CHOICES,
             "rows": charts_rows,
             "more": max(0, len(rows) - CHART_ROWS),
             "since": since,
-            "alerting": sum(1 for row in summary.get("providers", []) if row.get("alerts")),
-        }
+            "computed_at": now,
+        },
     }
 
 
