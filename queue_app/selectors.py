@@ -20,7 +20,6 @@ from django.db.models import BooleanField, Case, Count, Max, Min, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from queue_app import selectors_search
 from queue_app.engine import heartbeats, runners
 from queue_app.models import Job, Project, Provider, Status
 
@@ -398,7 +397,9 @@ def jobs_page(
     if error:
         jobs = jobs.filter(error__icontains=error)
     if search:
-        jobs = jobs.filter(selectors_search.search_condition(search))  # prompt, job id, task id
+        from queue_app.selectors_search import search_condition  # prompt, job id, task id
+
+        jobs = jobs.filter(search_condition(search))
     if known_total is not None:
         # the caller already counted these (queue_status's totals): no second count
         total, total_capped = known_total, False

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queue_app.web import api, health, mcp, metrics, monitor, pages, search, workers
+from queue_app.web import api, mcp, monitor, pages
 
 urlpatterns = [
     # pages
@@ -34,10 +34,4 @@ urlpatterns = [
     path("api/providers/<int:provider_id>", api.provider_view, name="api_provider"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),
-    # operator's view (issue 13): health checks, Prometheus, workers
-    path("healthz", health.healthz, name="healthz"),
-    path("readyz", health.readyz, name="readyz"),
-    path("metrics", metrics.metrics_view, name="metrics"),
-    path("queue/workers/", workers.workers, name="queue_workers"),
-    path("queue/jobs/bulk", search.bulk_action, name="monitor_bulk"),
 ]
