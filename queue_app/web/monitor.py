@@ -20,7 +20,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, selectors_search, services
+from queue_app import selectors, services
 from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
 from queue_app.web import history
@@ -162,7 +162,9 @@ def monitor(request):
         history.history_context(user=request.user, summary=context["summary"], range_name=range_name, now=context["now"])
     )
     # the project filter shows the project's name, not "#3" (selectors_search.project_name)
-    context["filter_project_name"] = selectors_search.project_name(user=request.user, project_id=context["filters"]["project_id"])
+    from queue_app.selectors_search import project_name
+
+    context["filter_project_name"] = project_name(user=request.user, project_id=context["filters"]["project_id"])
     if request.GET.get("fragment"):
         return render(request, "queue_app/monitor_live.html", context)
     return render(request, "queue_app/monitor.html", context)
