@@ -172,3 +172,15 @@ def test_a_search_costs_the_same_queries_for_few_and_many_jobs(client, owner, jo
     few = count()
     make_drafts(jobs["alpha"], 300, prompt="another fox")
     assert count() == few
+
+
+def test_cancel_all_matching_with_the_real_cancel_service(client, owner, jobs):
+    if not hasattr(services, "jobs_cancel"):
+        pytest.skip("needs services.jobs_cancel (the cancel helper's branch)")
+    client.force_login(owner)
+    body = {"op": "cancel:matching", "q": "owl", "state": "all", "confirm": "1", "next": "/queue/?q=owl"}
+    response = client.post("/queue/jobs/bulk", body, follow=True)
+    assert "2 job(s): cancel done; 1 skipped" in response.content.decode()
+    owls = Job.objects.filter(id__in=[j.id for j in jobs["owls"]])
+    assert sorted(owls.values_list("status", flat=True)) == [Status.FAILED] * 3
+    assert owls.filter(error_class="cancelled").count() == 2  # the failed owl was not touched
