@@ -6,7 +6,7 @@ bulk action on "all matching" goes through its confirmation."""
 import pytest
 
 from queue_app import services
-from queue_app.models import Job, JobAttempt, Status
+from queue_app.models import Job, JobAttempt, Provider, Status
 from tests import procs, test_browser
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -60,3 +60,18 @@ def test_an_operator_watches_a_worker_then_reads_the_history_searches_and_acts_o
     page.click("button.primary")
     page.wait_for_selector("text=4 job(s): retry done")
     procs.wait_for(lambda: Job.objects.filter(project=fast, status=Status.COMPLETED).count() == 4, timeout=60, message="retried")
+
+    # cancel all matching (the cancel helper's service; skipped on a branch without it)
+    if not hasattr(services, "jobs_cancel"):
+        return
+    paused = make_provider(owner, name="Held")
+    Provider.objects.filter(id=paused.id).update(paused=True)
+    kites = make_project(owner, paused, name="Kites")
+    make_drafts(kites, 3, prompt="a red kite")
+    services.jobs_start(user=owner, project=kites, all_drafts=True)
+    page.goto(f"{base}/queue/?q=kite&state=all")
+    page.click("button[value='cancel:matching']")
+    assert page.locator("#confirm-text [data-count]").inner_text() == "3"
+    page.click("button.primary")
+    page.wait_for_selector("text=3 job(s): cancel done")
+    assert Job.objects.filter(project=kites, status=Status.FAILED, error_class="cancelled").count() == 3
