@@ -23,7 +23,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
+from django.db.models import Case, Count, F, FloatField, Func, IntegerField, Q, Sum, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -118,36 +118,35 @@ def duration_histogram(kind: str, *, user=None, since=None) -> dict:
 
 
 def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool = True) -> dict:
-    """{"all": histogram, provider_id: histogram, ...}: one grouped query (the database
-    counts each bucket); "all" sums the providers'."""
+    """{"all": histogram, provider_id: histogram, ...}: one grouped query. The database
+    puts each row in its bucket once (a CASE that stops at the first bound it fits) and
+    counts per bucket; the cumulative counts are summed here. "all" sums the providers'."""
     bounds = WAIT_BUCKETS if kind == "wait" else RUN_BUCKETS
     attempts, field = _durations(kind, user)
     if since is not None:
         attempts = attempts.filter(**{f"{field}__gte": since})
-    aggregates = {f"le{i}": Count("id", filter=Q(d__lte=float(b))) for i, b in enumerate(bounds)}
+    bucket = Case(
+        *[When(d__lte=float(b), then=Value(i)) for i, b in enumerate(bounds)],
+        default=Value(len(bounds)),  # past the last bound: +Inf only
+        output_field=IntegerField(),
+    )
+    keys = ["provider", "bucket"] if by_provider else ["bucket"]
     if by_provider:
-        rows = list(
-            attempts.annotate(provider=_provider())
-            .values("provider")
-            .annotate(count=Count("id"), total=Sum("d"), **aggregates)
-            .order_by()
-        )
-    else:
-        rows = [attempts.aggregate(count=Count("id"), total=Sum("d"), **aggregates)]
-    answer = {"all": {"buckets": [(b, 0) for b in bounds], "count": 0, "sum": 0.0}}
+        attempts = attempts.annotate(provider=_provider())
+    rows = attempts.annotate(bucket=bucket).values(*keys).annotate(n=Count("id"), total=Sum("d")).order_by()
+    per: dict = defaultdict(lambda: {"counts": [0] * (len(bounds) + 1), "sum": 0.0})
     for row in rows:
-        total = row["total"]
-        histogram = {
-            "buckets": [(b, row[f"le{i}"] or 0) for i, b in enumerate(bounds)],
-            "count": row["count"] or 0,
-            "sum": float(total or 0.0),
-        }
-        if by_provider:
-            answer[row["provider"]] = histogram
-        whole = answer["all"]
-        whole["buckets"] = [(b, n + m) for (b, n), (_, m) in zip(whole["buckets"], histogram["buckets"], strict=True)]
-        whole["count"] += histogram["count"]
-        whole["sum"] += histogram["sum"]
+        for key in (row["provider"], "all") if by_provider else ("all",):
+            per[key]["counts"][row["bucket"]] += row["n"]
+            per[key]["sum"] += float(row["total"] or 0.0)
+    per["all"]  # an empty log still answers an empty histogram
+    answer = {}
+    for key, found in per.items():
+        cumulative, running = [], 0
+        for b, n in zip(bounds, found["counts"], strict=False):
+            running += n
+            cumulative.append((b, running))
+        answer[key] = {"buckets": cumulative, "count": sum(found["counts"]), "sum": found["sum"]}
     return answer
 
 
