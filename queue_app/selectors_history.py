@@ -176,7 +176,8 @@ def percentiles(histogram: dict, qs=(0.5, 0.95, 0.99)) -> dict:
 def throughput(*, user=None, range_name: str = "hour", now=None) -> dict:
     """Attempts that ended completed / failed per bin over the last hour (1-minute bins) or
     day (15-minute bins), per provider id: {"bins": [start datetimes], "providers":
-    {provider_id: {"completed": [n per bin], "failed": [...]}}}. One grouped query; the
+    {provider_id: {"completed": [n per bin], "failed": [...], "rate_limited": [...]}}}
+    (rate-limited attempts count as failed and are also counted apart). One grouped query; the
     database bins the end times itself (EpochBin)."""
     window, step = RANGES.get(range_name, RANGES["hour"])
     now = now or timezone.now()
@@ -194,11 +195,13 @@ def throughput(*, user=None, range_name: str = "hour", now=None) -> dict:
         .order_by()
     )
     size = int(window / step)
-    series: dict = defaultdict(lambda: {"completed": [0] * size, "failed": [0] * size})
+    series: dict = defaultdict(lambda: {"completed": [0] * size, "failed": [0] * size, "rate_limited": [0] * size})
     for row in rows:
         index = int(row["bin"]) - first_bin
         if 0 <= index < size:
             series[row["provider"]]["completed" if row["outcome"] == Outcome.COMPLETED else "failed"][index] += row["n"]
+            if row["outcome"] == Outcome.RATE_LIMITED:  # a failure too; the hover names it
+                series[row["provider"]]["rate_limited"][index] += row["n"]
     return {"bins": [start + step * i for i in range(size)], "step_seconds": step_seconds, "providers": dict(series)}
 
 

@@ -183,3 +183,19 @@ def test_the_history_is_kept_a_few_seconds_while_alerts_stay_live(client, owner,
     assert history_row(second, "all")["completed"] == history_row(first, "all")["completed"] == 5
     fast = next(p for p in second.context["summary"]["providers"] if p["name"] == "Fast")
     assert [a["kind"] for a in fast["alerts"]] == ["wait"]  # read from the live summary, not the cache
+
+
+def test_a_rate_limited_attempt_counts_as_failed_and_the_hover_says_so(owner, ran):
+    attempt = JobAttempt.objects.filter(outcome="permanent").first()
+    JobAttempt.objects.filter(id=attempt.id).update(outcome="rate_limited")
+    series = selectors_history.throughput(user=owner)["providers"][ran["broken"].id]
+    assert sum(series["failed"]) == 3 and sum(series["rate_limited"]) == 1
+    svg = str(
+        charts.throughput_svg(
+            bins=selectors_history.throughput(user=owner)["bins"],
+            step_seconds=60,
+            label="Broken",
+            **series,
+        )
+    )
+    assert "failed (1 rate-limited)</title>" in svg

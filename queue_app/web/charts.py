@@ -13,7 +13,9 @@ BAR_GAP = 1
 COLORS = {"completed": "#16a34a", "failed": "#dc2626"}
 
 
-def throughput_svg(*, bins, completed, failed, step_seconds: int, label: str, width: int = 480, height: int = 70):
+def throughput_svg(
+    *, bins, completed, failed, step_seconds: int, label: str, rate_limited=None, width: int = 480, height: int = 70
+):
     """Stacked bars per bin (completed below, failed on top), with a <title> per bin."""
     count = max(1, len(bins))
     peak = max([c + f for c, f in zip(completed, failed, strict=True)] + [1])
@@ -30,7 +32,9 @@ def throughput_svg(*, bins, completed, failed, step_seconds: int, label: str, wi
         c, f = completed[i], failed[i]
         x = round(i * slot, 2)
         parts.append(f'<g data-bin="{start:%H:%M}" data-completed="{c}" data-failed="{f}">')
-        parts.append(f"<title>{start:%H:%M} UTC, {per}: {c} completed, {f} failed</title>")
+        limited = rate_limited[i] if rate_limited else 0
+        note = f" ({limited} rate-limited)" if limited else ""
+        parts.append(f"<title>{start:%H:%M} UTC, {per}: {c} completed, {f} failed{note}</title>")
         # an invisible full-height bar, so an empty bin still answers a hover
         parts.append(f'<rect x="{x}" y="0" width="{bar:.2f}" height="{height}" fill="transparent"/>')
         c_h = round(height * c / peak, 2)

@@ -53,12 +53,13 @@ def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
     names = {row["id"]: row["name"] for row in summary.get("providers", [])}
     bins = series["bins"]
     size = len(bins)
-    all_completed, all_failed = [0] * size, [0] * size
+    all_completed, all_failed, all_limited = [0] * size, [0] * size, [0] * size
     rows = []
     for provider_id, counts in series["providers"].items():
         for i in range(size):
             all_completed[i] += counts["completed"][i]
             all_failed[i] += counts["failed"][i]
+            all_limited[i] += counts["rate_limited"][i]
         rows.append((provider_id, counts))
     rows.sort(key=lambda item: -(sum(item[1]["completed"]) + sum(item[1]["failed"])))
 
@@ -74,6 +75,7 @@ def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
                 bins=bins,
                 completed=counts["completed"],
                 failed=counts["failed"],
+                rate_limited=counts.get("rate_limited"),
                 step_seconds=series["step_seconds"],
                 label=f"{name}: attempts completed and failed",
             ),
@@ -83,7 +85,7 @@ def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
             "run_count": (runs.get(provider_id) or _empty())["count"],
         }
 
-    charts_rows = [entry("all", "All providers", {"completed": all_completed, "failed": all_failed})]
+    charts_rows = [entry("all", "All providers", {"completed": all_completed, "failed": all_failed, "rate_limited": all_limited})]
     for provider_id, counts in rows[:CHART_ROWS]:
         name = names.get(provider_id) or ("no provider (runner)" if provider_id is None else f"provider {provider_id}")
         charts_rows.append(entry(provider_id, name, counts))
