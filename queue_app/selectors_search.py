@@ -13,8 +13,6 @@ import uuid
 
 from django.db.models import Q
 
-from queue_app.models import Project
-
 SHORT_ID = re.compile(r"[0-9a-fA-F]{8}")
 MAX_SEARCH = 200
 BULK_LIMIT = 10_000  # "all matching" acts on at most this many jobs per request
@@ -48,11 +46,3 @@ def matching_job_ids(*, user, filters: dict, limit: int = BULK_LIMIT) -> list[st
             break
         page += 1
     return ids[:limit]
-
-
-def project_name(*, user, project_id: int | None) -> str:
-    """The name of a project the filter names by id ("" when the user may not see it)."""
-    if project_id is None:
-        return ""
-    projects = Project.objects.all() if user.is_staff else Project.objects.filter(owner=user)
-    return projects.filter(id=project_id).values_list("name", flat=True).first() or ""

@@ -147,13 +147,6 @@ def test_bad_bulk_input_answers_a_message_not_an_error(client, owner, jobs):
     assert client.get("/queue/jobs/bulk").status_code == 405
 
 
-def test_the_project_filter_names_the_project(client, owner, jobs):
-    client.force_login(owner)
-    html = client.get(f"/queue/?project={jobs['alpha'].id}").content.decode()
-    assert f'<option value="{jobs["alpha"].id}" selected>Alpha</option>' in html
-    assert f"#{jobs['alpha'].id}<" not in html
-
-
 def test_the_jobs_list_offers_selection_and_the_all_matching_actions(client, owner, jobs):
     client.force_login(owner)
     html = client.get("/queue/?q=fox").content.decode()

@@ -161,10 +161,6 @@ def monitor(request):
     context.update(
         history.history_context(user=request.user, summary=context["summary"], range_name=range_name, now=context["now"])
     )
-    # the project filter shows the project's name, not "#3" (selectors_search.project_name)
-    from queue_app.selectors_search import project_name
-
-    context["filter_project_name"] = project_name(user=request.user, project_id=context["filters"]["project_id"])
     if request.GET.get("fragment"):
         return render(request, "queue_app/monitor_live.html", context)
     return render(request, "queue_app/monitor.html", context)
