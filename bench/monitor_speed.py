@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 TMP = Path(tempfile.mkdtemp(prefix="monitor-bench-"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "remixstudio.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
-os.environ["TEST_DB_NAME"] = "bench_mon" if os.getenv("DATABASE_URL") else str(TMP / "bench.sqlite3")
+os.environ["TEST_DB_NAME"] = os.getenv("BENCH_DB_NAME", "bench_mon") if os.getenv("DATABASE_URL") else str(TMP / "bench.sqlite3")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver")
 
 import django  # noqa: E402
@@ -96,6 +96,25 @@ def seed(n_jobs: int, n_providers: int, n_projects: int):
             fields = {"status": Status.DRAFT}
         rows.append(Job(project=project, owner=owner, prompt=f"prompt {i} " + "x" * 80, **fields))
     Job.objects.bulk_create(rows, batch_size=5000)
+    # The attempt log the history charts, percentiles and /metrics read: one attempt per
+    # finished job, their ends spread over the last day (one a minute per project).
+    from django.db.models import F
+
+    from queue_app.models import JobAttempt
+
+    finished = Job.objects.filter(status__in=(Status.COMPLETED, Status.FAILED)).values_list("id", "status")
+    attempts = [
+        JobAttempt(
+            job_id=job_id,
+            number=1,
+            worker="bench:1",
+            outcome="completed" if status == Status.COMPLETED else "permanent",
+            finished_at=now - timedelta(minutes=i % 1440, seconds=i % 60),
+        )
+        for i, (job_id, status) in enumerate(finished)
+    ]
+    JobAttempt.objects.bulk_create(attempts, batch_size=5000)
+    JobAttempt.objects.update(started_at=F("finished_at") - timedelta(seconds=2))
     heartbeats.beat("worker")
     heartbeats.beat("queue_service")
     if connection.vendor == "postgresql":
@@ -146,6 +165,9 @@ def main():
             ("monitor_page", "/queue/"),
             ("monitor_page_waiting_filter", "/queue/?state=waiting"),
             ("monitor_fragment", "/queue/?fragment=1"),
+            ("monitor_day_range", "/queue/?range=day&fragment=1"),
+            ("monitor_search", "/queue/?q=prompt+4242&state=all&fragment=1"),
+            ("workers_page", "/queue/workers/"),
             ("status_api_none", "/api/queue/status"),
             ("status_api_all", "/api/queue/status?breakdown=all"),
         ]
@@ -159,6 +181,10 @@ def main():
                 print(f"{name}_{who}_p50 {p50:.1f} ms {verdict} goal p50 < {GOAL_MS:.0f} ms")
                 print(f"{name}_{who}_p95 {p95:.1f} ms (p50 {p50:.1f})")
                 print(f"{name}_{who}_queries {queries} queries constant (same at 10 jobs; tests/test_monitor.py)")
+        client = Client()
+        client.force_login(staff)
+        times, queries = measure(client, "/metrics", args.runs)
+        print(f"metrics_scrape_p50 {statistics.median(times):.1f} ms (p95 {percentile(times, 0.95):.1f}), {queries} queries")
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
 

@@ -276,6 +276,12 @@ class JobAttempt(models.Model):
 
     class Meta:
         ordering = ["job", "number", "id"]
+        # The monitor's history and the 5-minute failure rate read time windows of the
+        # log (selectors_history); without these every refresh scanned all of it.
+        indexes = [
+            models.Index(fields=["finished_at"], name="attempt_finished"),
+            models.Index(fields=["started_at"], name="attempt_started"),
+        ]
 
     def __str__(self):
         return f"attempt {self.number} of {self.job_id}: {self.outcome}"

@@ -321,6 +321,7 @@ def jobs_page(
     project_id: int | None = None,
     model: str = "",
     error: str = "",
+    search: str = "",
     page: int = 1,
     per_page: int = 50,
     with_attempts: bool = True,
@@ -348,6 +349,10 @@ def jobs_page(
         jobs = jobs.filter(Q(model__icontains=model) | Q(model="", project__model__icontains=model))
     if error:
         jobs = jobs.filter(error__icontains=error)
+    if search:
+        from queue_app.selectors_search import search_condition  # prompt, job id, task id
+
+        jobs = jobs.filter(search_condition(search))
     if known_total is not None:
         # the caller already counted these (queue_status's totals): no second count
         total, total_capped = known_total, False

@@ -353,6 +353,40 @@ def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
     return {"cleared": cleared, "resumed_projects": resumed}
 
 
+# --- Selected jobs: the monitor's bulk actions (issue 13) ---------------------------------
+
+
+def selected_failed_retry(*, user, job_ids) -> dict:
+    """The failed jobs among `job_ids` that the user may act on (staff: anyone's) back to
+    pending; the others are skipped."""
+    job_ids = list(job_ids)
+    ids = list(failed_scope(user=user).filter(id__in=job_ids).values_list("id", flat=True))
+    started = transitions.jobs_to_pending(ids, from_statuses=(Status.FAILED,), kind="job.retried")
+    log.info("retry selected by user %s: %d of %d job(s)", user.pk, len(started), len(job_ids))
+    return {"retried": len(started), "skipped": len(job_ids) - len(started)}
+
+
+def selected_failed_clear(*, user, job_ids) -> dict:
+    """Delete the failed jobs among `job_ids` that the user may act on, as
+    failed_jobs_clear does for a scope; the others are skipped."""
+    job_ids = list(job_ids)
+    with transaction.atomic():
+        rows = list(
+            failed_scope(user=user).filter(id__in=job_ids).select_for_update(of=("self",)).values_list("id", "project_id")
+        )
+        ids = [job_id for job_id, _ in rows]
+        cleared = Job.objects.filter(id__in=ids, status=Status.FAILED).delete()[1].get(Job._meta.label, 0)
+        events.emit_grouped([(project_id, "job.cleared", job_id, "", {}) for job_id, project_id in rows])
+    projects = sorted({project_id for _, project_id in rows})
+    resumed = list(
+        Job.objects.filter(project_id__in=projects, status=Status.PENDING).values_list("project_id", flat=True).distinct()
+    )
+    if resumed:
+        transaction.on_commit(lambda: dispatch.wake(project_ids=resumed))
+    log.info("clear selected by user %s: %d of %d job(s)", user.pk, cleared, len(job_ids))
+    return {"cleared": cleared, "skipped": len(job_ids) - cleared}
+
+
 # --- Providers --------------------------------------------------------------------------
 
 

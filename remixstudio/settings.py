@@ -282,6 +282,14 @@ COMFY_DOWNLOAD_IDLE_SECONDS = envfloat("COMFY_DOWNLOAD_IDLE_SECONDS", 60)
 COMFY_DOWNLOAD_TOTAL_SECONDS = envfloat("COMFY_DOWNLOAD_TOTAL_SECONDS", 1800)
 # Named failpoints: the process exits at the named point (chaos tests).
 FAILPOINTS = envlist("FAILPOINTS")
+# Operator's view: the bearer token Prometheus scrapes /metrics with (unset: staff
+# sessions only), and the thresholds the monitor and the metrics raise alerts at.
+METRICS_TOKEN = os.getenv("METRICS_TOKEN", "")
+ALERT_WAIT_SECONDS = envfloat("ALERT_WAIT_SECONDS", 600)
+ALERT_FAILURE_RATE = envfloat("ALERT_FAILURE_RATE", 0.5)
+ALERT_MIN_ATTEMPTS = envint("ALERT_MIN_ATTEMPTS", 5)
+# The monitor's charts (attempt log) are recomputed at most this often per user and range.
+HISTORY_CACHE_SECONDS = envfloat("HISTORY_CACHE_SECONDS", 10)
 
 LOGGING = {
     "version": 1,

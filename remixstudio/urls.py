@@ -9,6 +9,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("queue_app.web.urls")),
+    path("", include("queue_app.web.ops_urls")),  # health, metrics, workers, bulk actions
     path("", include("queue_app.notifications.urls")),
     path("", include("comfy_app.urls")),
 ]

@@ -11,3 +11,5 @@ import os
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-" + "t" * 40)
 os.environ.setdefault("FIELD_ENCRYPTION_KEY", "dGVzdC1vbmx5LWZlcm5ldC1rZXktMzItYnl0ZXMhISE=")
+# The monitor's history is computed on every request in tests (they read it right after a change).
+os.environ.setdefault("HISTORY_CACHE_SECONDS", "0")

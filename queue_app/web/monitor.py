@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 from queue_app import limits, selectors, services
 from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
+from queue_app.web import history
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def filters_from(query) -> dict:
         "project_id": _int_or_none(query.get("project")),
         "model": (query.get("model") or "").strip()[:200],
         "error": (query.get("error") or "").strip()[:200],
+        "search": (query.get("q") or "").strip()[:200],  # prompt text, job id, task id (selectors_search)
     }
 
 
@@ -87,7 +89,7 @@ def known_total(summary: dict, filters: dict) -> int | None:
     """The job list's total when queue_status already counted it (a state filter alone,
     or with one provider or one project), so the page runs no second count."""
     state = filters["state"]
-    if filters["model"] or filters["error"] or (filters["provider_id"] and filters["project_id"]):
+    if filters["model"] or filters["error"] or filters.get("search") or (filters["provider_id"] and filters["project_id"]):
         return None
     keys = ("pending", "processing", "failed") if state == "active" else (state,)
     if not all(key in selectors.COUNT_KEYS for key in keys):
@@ -137,7 +139,7 @@ def monitor_context(request) -> dict:
     totals = summary["totals"]
     totals["latency"] = age(totals["oldest_queued_age_seconds"])
     totals["slot_percent"] = min(100, round(100 * totals["active_slots"] / totals["concurrency"])) if totals["concurrency"] else 0
-    query = {k: v for k, v in request.GET.items() if k in ("state", "provider", "project", "model", "error") and v}
+    query = {k: v for k, v in request.GET.items() if k in ("state", "provider", "project", "model", "error", "q", "range") and v}
     return {
         "summary": summary,
         "totals": totals,
@@ -156,6 +158,11 @@ def monitor_context(request) -> dict:
 @login_required
 def monitor(request):
     context = monitor_context(request)
+    # history charts, percentiles and provider alerts (queue_app/web/history.py)
+    range_name = request.GET.get("range") or "hour"
+    context.update(
+        history.history_context(user=request.user, summary=context["summary"], range_name=range_name, now=context["now"])
+    )
     if request.GET.get("fragment"):
         return render(request, "queue_app/monitor_live.html", context)
     return render(request, "queue_app/monitor.html", context)

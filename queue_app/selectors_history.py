@@ -1,0 +1,258 @@
+"""The queue's history, read from the append-only attempt log (no write on the hot path).
+
+The Queue Monitor's charts, the Prometheus histograms and the alerts read here; the live
+numbers come from `selectors.queue_status`. Every function runs a constant number of
+queries whatever the size of the log:
+
+- `attempt_outcomes` — attempts by outcome, all time (a Prometheus counter: the log is
+  append-only; clearing failed jobs deletes their attempts, which Prometheus reads as a
+  counter reset);
+- `duration_histogram` — cumulative bucket counts, count and sum of queue wait (a job's
+  first attempt: the worker took it − the job was queued) or run time (an attempt's end −
+  its start), counted by the database in one pass (`Count(filter=...)` per bucket);
+- `percentiles` — p50/p95/p99 read off a histogram (linear inside a bucket, what
+  Prometheus' histogram_quantile does), so no database needs percentile functions;
+- `throughput` — attempts completed and failed per time bin per provider, last hour or day;
+- `provider_alerts` — the alerts an operator would set, per provider.
+
+An attempt's provider is its job's (`Coalesce(job.provider, project.provider)`): the slot
+a finished job held is released, so the attempt log does not know it otherwise.
+"""
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Case, Count, F, FloatField, Func, IntegerField, Q, Sum, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from queue_app.models import JobAttempt
+
+Outcome = JobAttempt.Outcome
+
+# Ends of an attempt that count as a failure in the charts and the failure rate. A
+# "detached" attempt handed its remote task to the poller; "running" has not ended.
+FAILED_OUTCOMES = tuple(o.value for o in Outcome if o not in (Outcome.RUNNING, Outcome.COMPLETED, Outcome.DETACHED))
+
+WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+RUN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+RANGES = {
+    # name: (window, bin) — a bin of the day chart is 15 minutes: 96 points, not 1,440
+    "hour": (timedelta(hours=1), timedelta(minutes=1)),
+    "day": (timedelta(days=1), timedelta(minutes=15)),
+}
+
+
+class EpochSeconds(Func):
+    """A timestamp as seconds since 1970, in the database's own arithmetic. Django's
+    datetime subtraction and TruncMinute run a Python function per row on SQLite; over a
+    day of attempts that cost the monitor a second and more (julianday is native)."""
+
+    output_field = FloatField()
+    template = "EXTRACT(EPOCH FROM %(expressions)s)"
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra)
+
+
+class Seconds(Func):
+    """`end - start` in seconds (a float), natively on PostgreSQL and SQLite."""
+
+    output_field = FloatField()
+    arg_joiner = " - "
+    template = "(%(expressions)s)"
+
+    def __init__(self, end, start):
+        super().__init__(EpochSeconds(end), EpochSeconds(start))
+
+
+class EpochBin(Func):
+    """The number of the `step`-second bin a timestamp falls in (floor of epoch / step)."""
+
+    output_field = IntegerField()
+
+    def __init__(self, field, step: int):
+        super().__init__(EpochSeconds(field), step=int(step))
+
+    def as_sql(self, compiler, connection, **extra):
+        return super().as_sql(compiler, connection, template="FLOOR(%(expressions)s / %(step)s)", **extra)
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # epochs are positive: truncation is the floor
+        return super().as_sql(compiler, connection, template="CAST(%(expressions)s / %(step)s AS INTEGER)", **extra)
+
+
+def _provider():
+    return Coalesce("job__provider_id", "job__project__provider_id")
+
+
+def _visible(user):
+    attempts = JobAttempt.objects.all()
+    return attempts if user is None or user.is_staff else attempts.filter(job__owner=user)
+
+
+def attempt_outcomes(*, user=None) -> dict:
+    """{outcome: attempts} over the whole log, every outcome present (zeros too)."""
+    counts = dict(_visible(user).values("outcome").annotate(n=Count("id")).order_by().values_list("outcome", "n"))
+    return {o.value: counts.get(o.value, 0) for o in Outcome}
+
+
+def _durations(kind: str, user):
+    """(queryset with a `d` annotation in seconds, the time field the window applies to)."""
+    attempts = _visible(user)
+    if kind == "wait":
+        # The first attempt since the job was last queued (a retry of a failed job queues
+        # it again and numbers its attempts from 1 again).
+        attempts = attempts.filter(number=1, job__queued_at__isnull=False, started_at__gte=F("job__queued_at"))
+        return attempts.annotate(d=Seconds("started_at", "job__queued_at")), "started_at"
+    attempts = attempts.filter(finished_at__isnull=False)
+    return attempts.annotate(d=Seconds("finished_at", "started_at")), "finished_at"
+
+
+def duration_histogram(kind: str, *, user=None, since=None) -> dict:
+    """{"buckets": [(upper bound seconds, cumulative count)...], "count", "sum"} of queue
+    waits (`kind="wait"`) or run times (`kind="run"`), one query."""
+    return duration_histograms(kind, user=user, since=since, by_provider=False)["all"]
+
+
+def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool = True) -> dict:
+    """{"all": histogram, provider_id: histogram, ...}: one grouped query. The database
+    puts each row in its bucket once (a CASE that stops at the first bound it fits) and
+    counts per bucket; the cumulative counts are summed here. "all" sums the providers'."""
+    bounds = WAIT_BUCKETS if kind == "wait" else RUN_BUCKETS
+    attempts, field = _durations(kind, user)
+    if since is not None:
+        attempts = attempts.filter(**{f"{field}__gte": since})
+    bucket = Case(
+        *[When(d__lte=float(b), then=Value(i)) for i, b in enumerate(bounds)],
+        default=Value(len(bounds)),  # past the last bound: +Inf only
+        output_field=IntegerField(),
+    )
+    keys = ["provider", "bucket"] if by_provider else ["bucket"]
+    if by_provider:
+        attempts = attempts.annotate(provider=_provider())
+    rows = attempts.annotate(bucket=bucket).values(*keys).annotate(n=Count("id"), total=Sum("d")).order_by()
+    per: dict = defaultdict(lambda: {"counts": [0] * (len(bounds) + 1), "sum": 0.0})
+    for row in rows:
+        for key in (row["provider"], "all") if by_provider else ("all",):
+            per[key]["counts"][row["bucket"]] += row["n"]
+            per[key]["sum"] += float(row["total"] or 0.0)
+    per["all"]  # an empty log still answers an empty histogram
+    answer = {}
+    for key, found in per.items():
+        cumulative, running = [], 0
+        for b, n in zip(bounds, found["counts"], strict=False):
+            running += n
+            cumulative.append((b, running))
+        answer[key] = {"buckets": cumulative, "count": sum(found["counts"]), "sum": found["sum"]}
+    return answer
+
+
+def percentiles(histogram: dict, qs=(0.5, 0.95, 0.99)) -> dict:
+    """{"p50": seconds | None, ...} read off a cumulative histogram; a quantile past the
+    last bound answers that bound (the histogram knows no more)."""
+    count = histogram["count"]
+    answer = {}
+    for q in qs:
+        key = f"p{round(q * 100)}"
+        if not count:
+            answer[key] = None
+            continue
+        rank = q * count
+        lower, below = 0.0, 0
+        value = histogram["buckets"][-1][0] if histogram["buckets"] else None
+        for bound, cumulative in histogram["buckets"]:
+            if cumulative >= rank:
+                inside = cumulative - below
+                value = lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+                break
+            lower, below = bound, cumulative
+        answer[key] = value
+    return answer
+
+
+def throughput(*, user=None, range_name: str = "hour", now=None) -> dict:
+    """Attempts that ended completed / failed per bin over the last hour (1-minute bins) or
+    day (15-minute bins), per provider id: {"bins": [start datetimes], "providers":
+    {provider_id: {"completed": [n per bin], "failed": [...], "rate_limited": [...]}}}
+    (rate-limited attempts count as failed and are also counted apart). One grouped query; the
+    database bins the end times itself (EpochBin)."""
+    window, step = RANGES.get(range_name, RANGES["hour"])
+    now = now or timezone.now()
+    step_seconds = int(step.total_seconds())
+    end = _floor(now, step_seconds) + step
+    start = end - window
+    first_bin = int(start.timestamp()) // step_seconds
+    rows = (
+        _visible(user)
+        .filter(finished_at__gte=start, finished_at__lt=end)
+        .exclude(outcome__in=(Outcome.RUNNING, Outcome.DETACHED))
+        .annotate(bin=EpochBin("finished_at", step_seconds), provider=_provider())
+        .values("bin", "provider", "outcome")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    size = int(window / step)
+    series: dict = defaultdict(lambda: {"completed": [0] * size, "failed": [0] * size, "rate_limited": [0] * size})
+    for row in rows:
+        index = int(row["bin"]) - first_bin
+        if 0 <= index < size:
+            series[row["provider"]]["completed" if row["outcome"] == Outcome.COMPLETED else "failed"][index] += row["n"]
+            if row["outcome"] == Outcome.RATE_LIMITED:  # a failure too; the hover names it
+                series[row["provider"]]["rate_limited"][index] += row["n"]
+    return {"bins": [start + step * i for i in range(size)], "step_seconds": step_seconds, "providers": dict(series)}
+
+
+def _floor(moment, seconds: int):
+    epoch = int(moment.timestamp())
+    return moment - timedelta(seconds=epoch % seconds, microseconds=moment.microsecond)
+
+
+def failure_rates(*, user=None, now=None, minutes: int = 5) -> dict:
+    """{provider_id: (failed, ended)} of attempts that ended in the last `minutes`."""
+    now = now or timezone.now()
+    rows = (
+        _visible(user)
+        .filter(finished_at__gte=now - timedelta(minutes=minutes))
+        .exclude(outcome__in=(Outcome.RUNNING, Outcome.DETACHED))
+        .annotate(provider=_provider())
+        .values("provider")
+        .annotate(ended=Count("id"), failed=Count("id", filter=Q(outcome__in=FAILED_OUTCOMES)))
+        .order_by()
+    )
+    return {row["provider"]: (row["failed"], row["ended"]) for row in rows}
+
+
+def provider_alerts(status: dict, *, user=None, now=None, rates: dict | None = None) -> dict:
+    """{provider_id: [{"kind", "message"}, ...]} for the providers of a
+    `queue_status(breakdown="providers")` answer. Kinds: "wait" (oldest queued job over
+    ALERT_WAIT_SECONDS), "failure_rate" (over ALERT_FAILURE_RATE of at least
+    ALERT_MIN_ATTEMPTS attempts that ended in the last 5 minutes), "no_worker" (work and no
+    live worker cluster / queue service to move it)."""
+    rates = failure_rates(user=user, now=now) if rates is None else rates
+    threshold_wait = settings.ALERT_WAIT_SECONDS
+    threshold_rate = settings.ALERT_FAILURE_RATE
+    alerts = {}
+    for row in status.get("providers", []):
+        found = []
+        age = row.get("oldest_queued_age_seconds")
+        if age is not None and age > threshold_wait:
+            found.append({"kind": "wait", "message": f"oldest job waited {int(age)}s (over {int(threshold_wait)}s)"})
+        failed, ended = rates.get(row["id"], (0, 0))
+        if ended >= settings.ALERT_MIN_ATTEMPTS and failed / ended > threshold_rate:
+            message = f"{failed} of {ended} attempts failed in 5 min (over {threshold_rate:.0%})"
+            found.append({"kind": "failure_rate", "message": message})
+        live = status.get("liveness") or {}
+        if not live.get("workers") and (row["pending"] or row["running"] or row["stalled"]):
+            found.append({"kind": "no_worker", "message": row.get("warning") or "jobs in its slots but no live worker cluster"})
+        elif row["detached"] and not live.get("queue_services"):
+            found.append(
+                {"kind": "no_worker", "message": row.get("warning") or "detached jobs not polled: no live queue service"}
+            )
+        alerts[row["id"]] = found
+    return alerts
+
+
+ALERT_KINDS = ("wait", "failure_rate", "no_worker")

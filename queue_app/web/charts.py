@@ -1,0 +1,66 @@
+"""Server-rendered SVG charts: no JavaScript, no chart library, no build step.
+
+A chart is a string of SVG built here from numbers the selectors computed; every bar
+carries a <title> so hovering it shows its numbers (browsers render <title> as a
+tooltip). The page's auto-refresh redraws it with the rest of the live part. Text goes
+through `escape`: provider names are user input.
+"""
+
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
+
+BAR_GAP = 1
+COLORS = {"completed": "#16a34a", "failed": "#dc2626"}
+
+
+def throughput_svg(
+    *, bins, completed, failed, step_seconds: int, label: str, rate_limited=None, width: int = 480, height: int = 70
+):
+    """Stacked bars per bin (completed below, failed on top), with a <title> per bin."""
+    count = max(1, len(bins))
+    peak = max([c + f for c, f in zip(completed, failed, strict=True)] + [1])
+    slot = width / count
+    bar = max(1.0, slot - BAR_GAP)
+    per = "min" if step_seconds == 60 else f"{step_seconds // 60} min"
+    parts = [
+        f'<svg class="chart" role="img" aria-label="{escape(label)}" width="{width}" height="{height + 14}" '
+        f'viewBox="0 0 {width} {height + 14}" xmlns="http://www.w3.org/2000/svg" data-peak="{peak}">',
+        f"<title>{escape(label)}: peak {peak} per {per}</title>",
+        f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" stroke="#d1d5db"/>',
+    ]
+    for i, start in enumerate(bins):
+        c, f = completed[i], failed[i]
+        x = round(i * slot, 2)
+        parts.append(f'<g data-bin="{start:%H:%M}" data-completed="{c}" data-failed="{f}">')
+        limited = rate_limited[i] if rate_limited else 0
+        note = f" ({limited} rate-limited)" if limited else ""
+        parts.append(f"<title>{start:%H:%M} UTC, {per}: {c} completed, {f} failed{note}</title>")
+        # an invisible full-height bar, so an empty bin still answers a hover
+        parts.append(f'<rect x="{x}" y="0" width="{bar:.2f}" height="{height}" fill="transparent"/>')
+        c_h = round(height * c / peak, 2)
+        f_h = round(height * f / peak, 2)
+        if c:
+            parts.append(f'<rect x="{x}" y="{height - c_h}" width="{bar:.2f}" height="{c_h}" fill="{COLORS["completed"]}"/>')
+        if f:
+            y = height - c_h - f_h
+            parts.append(f'<rect x="{x}" y="{y}" width="{bar:.2f}" height="{f_h}" fill="{COLORS["failed"]}"/>')
+        parts.append("</g>")
+    if bins:
+        parts.append(f'<text x="0" y="{height + 12}" font-size="10" fill="#6b7280">{bins[0]:%H:%M}</text>')
+        parts.append(
+            f'<text x="{width}" y="{height + 12}" font-size="10" fill="#6b7280" text-anchor="end">{bins[-1]:%H:%M} UTC</text>'
+        )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - built here, every text escaped
+
+
+def seconds(value) -> str:
+    """0.42s, 12.3s, 4m 05s — a percentile as the table shows it."""
+    if value is None:
+        return "—"
+    if value < 10:
+        return f"{value:.2f}s"
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, rest = divmod(int(value), 60)
+    return f"{minutes}m {rest:02d}s"

@@ -1,0 +1,130 @@
+"""Prometheus metrics at /metrics, computed at scrape time.
+
+No counter lives in a process: a custom collector reads the database when Prometheus
+scrapes, so every web process answers the same numbers and nothing is written on the hot
+path. The live numbers come from the queue status selector the monitor, the API and MCP
+use (`selectors.queue_status`); attempts, queue wait and run time from the append-only
+attempt log (`selectors_history`). A scrape costs a constant number of queries.
+
+Access: `Authorization: Bearer <METRICS_TOKEN>` (Prometheus' `authorization` /
+`bearer_token` setting), or a staff session (to look at it in a browser). Everything else
+answers 401 without a body worth reading. The README lists every metric.
+"""
+
+import hmac
+from types import SimpleNamespace
+
+from django.conf import settings
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from queue_app import selectors, selectors_history
+from queue_app.models import Heartbeat
+
+# The whole installation, as staff see it (the selectors only read `is_staff`).
+EVERYONE = SimpleNamespace(is_staff=True, pk=None, is_authenticated=True)
+
+PROVIDER_GAUGES = (
+    # (metric suffix, queue_status key, help)
+    ("pending_jobs", "pending", "Jobs pending (queued or waiting) for the provider"),
+    ("queued_jobs", "queued", "Pending jobs that can be dispatched (waiting only for a slot)"),
+    ("waiting_jobs", "waiting", "Pending jobs nothing will dispatch now (paused, cooling down, backoff, no worker)"),
+    ("processing_jobs", "processing", "Jobs processing (running, detached or stalled) in the provider's slots"),
+    ("detached_jobs", "detached", "Processing jobs with a remote task id, polled"),
+    ("failed_jobs", "failed", "Failed jobs not yet cleared"),
+    ("slots_used", "active_slots", "Slots held by processing jobs"),
+    ("slots_limit", "concurrency", "The provider's concurrency limit"),
+)
+
+
+class QueueCollector(Collector):
+    def __init__(self, *, now=None):
+        self.now = now
+
+    def collect(self):
+        now = self.now or timezone.now()
+        status = selectors.queue_status(user=EVERYONE, breakdown="providers", now=now)
+        alerts = selectors_history.provider_alerts(status, now=now)
+        labels = ["provider_id", "provider", "family"]
+        gauges = {
+            key: GaugeMetricFamily(f"rsq_provider_{suffix}", help_text, labels=labels)
+            for suffix, key, help_text in PROVIDER_GAUGES
+        }
+        oldest = GaugeMetricFamily(
+            "rsq_provider_oldest_queued_age_seconds", "Age of the oldest dispatchable job (0 when none)", labels=labels
+        )
+        paused = GaugeMetricFamily("rsq_provider_paused", "1 when the provider is paused", labels=labels)
+        cooling = GaugeMetricFamily("rsq_provider_cooling_down", "1 while the provider cools down after a 429", labels=labels)
+        alert = GaugeMetricFamily(
+            "rsq_provider_alert",
+            "1 when the alert is raised: wait (oldest job over ALERT_WAIT_SECONDS), failure_rate (5 min), no_worker",
+            labels=[*labels, "alert"],
+        )
+        for row in status["providers"]:
+            values = [str(row["id"]), row["name"], row["family"]]
+            for key, gauge in gauges.items():
+                gauge.add_metric(values, row[key])
+            oldest.add_metric(values, row["oldest_queued_age_seconds"] or 0)
+            paused.add_metric(values, 1 if row["paused"] else 0)
+            cooling.add_metric(values, 1 if row["cooling_down_until"] else 0)
+            raised = {a["kind"] for a in alerts.get(row["id"], [])}
+            for kind in selectors_history.ALERT_KINDS:
+                alert.add_metric([*values, kind], 1 if kind in raised else 0)
+        yield from gauges.values()
+        yield from (oldest, paused, cooling, alert)
+
+        totals = GaugeMetricFamily("rsq_jobs", "Jobs in the queue by derived state (whole installation)", labels=["state"])
+        for key in selectors.COUNT_KEYS:
+            totals.add_metric([key], status["totals"][key])
+        yield totals
+
+        processes = GaugeMetricFamily("rsq_live_processes", "Processes with a fresh heartbeat, by role", labels=["role"])
+        processes.add_metric([Heartbeat.Role.WORKER.value], status["liveness"]["workers"])
+        processes.add_metric([Heartbeat.Role.QUEUE_SERVICE.value], status["liveness"]["queue_services"])
+        yield processes
+
+        attempts = CounterMetricFamily("rsq_attempts", "Attempts by outcome (the attempt log)", labels=["outcome"])
+        for outcome, n in selectors_history.attempt_outcomes().items():
+            attempts.add_metric([outcome], n)
+        yield attempts
+
+        for kind, name, help_text in (
+            ("wait", "rsq_job_queue_wait_seconds", "From queued to a worker taking the job's first attempt"),
+            ("run", "rsq_attempt_run_seconds", "From an attempt's start to its end"),
+        ):
+            histogram = selectors_history.duration_histogram(kind)
+            buckets = [(_bound(b), n) for b, n in histogram["buckets"]] + [("+Inf", histogram["count"])]
+            yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram["sum"])
+
+
+def _bound(value) -> str:
+    return repr(float(value))
+
+
+def allowed(request) -> bool:
+    token = settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip().encode(), token.encode()):
+        return True
+    return bool(request.user.is_authenticated and request.user.is_staff)
+
+
+def render_metrics(*, now=None) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(now=now))
+    return generate_latest(registry)
+
+
+@never_cache
+@require_GET
+def metrics_view(request):
+    if not allowed(request):
+        response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
