@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queue_app', '0001_initial'),
+        ('queue_app', '0005_proj_project_archived'),
     ]
 
     operations = [
