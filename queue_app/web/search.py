@@ -34,13 +34,14 @@ MAX_SELECTED = 1000
 
 
 def cancel_jobs(*, user, job_ids) -> dict:
-    """HOOK for the cancel helper's `services.jobs_cancel` (issue 13 × cancel): the lead
-    wires it at merge. Until then a cancel answers a readable refusal."""
-    cancel = getattr(services, "jobs_cancel", None)
-    if cancel is None:
-        raise services.ServiceError("cancelling jobs is not available yet")
-    result = cancel(user=user, job_ids=job_ids)
-    return {"done": result.get("cancelled", 0)}
+    """Cancel the selected jobs the user may see, through the same path as the API and the
+    monitor's row Cancel (staff cancel anyone's: each owner's jobs through services)."""
+    from queue_app.web import api
+
+    visible = [str(i) for i in selectors.visible_jobs(user).filter(id__in=list(job_ids)).values_list("id", flat=True)]
+    if not visible:
+        return {"done": 0}
+    return {"done": api.jobs_cancel(user, visible)["cancelled"]}
 
 
 def _run(action: str, *, user, job_ids) -> int:
