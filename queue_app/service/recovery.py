@@ -1,7 +1,11 @@
 """The recovery scan (on every start) and healing (on the queue service's timer).
 
 Both act only on work whose owner is gone — a lease that has expired, or whose owner
-process is known dead on this host — so they are safe while other hosts' workers run.
+process is known dead (the kernel on this host, heartbeats across hosts) — so they are
+safe while other hosts' workers run. A worker cluster that died may also hold hand-offs
+nobody has taken yet (claims and collections in its local queue, up to django-q2's
+`queue_limit`): those have no owner to ask about, so a cluster's death releases every
+untaken hand-off at once. The lease token fences out any copy a live cluster still has.
 
 recover():
 1. running jobs (processing, no task id) whose worker is gone go back to pending, with
@@ -14,6 +18,7 @@ It walks the tables in id-ordered batches, so memory stays flat at any size.
 """
 
 import logging
+from datetime import timedelta
 
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -21,7 +26,7 @@ from django.utils import timezone
 
 from queue_app.engine import backoff, dispatch, heartbeats, runners, transitions
 from queue_app.engine.attempts import attempts_interrupt
-from queue_app.models import Job, Status
+from queue_app.models import Heartbeat, Job, Status
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,30 @@ def heal(*, include_dead_owners: bool = True) -> int:
         return _heal(include_dead_owners=include_dead_owners)
 
 
+def release_dead_clusters_handoffs() -> int:
+    """A worker cluster died: hand-offs no worker has taken yet may sit in its local queue
+    and would wait for their lease (claims) or hold (collections) to run out. Release them
+    all now — the lapsed claims are healed below, the collections polled again at once —
+    and forget the dead cluster so this happens once per death."""
+    dead = heartbeats.dead_clusters()
+    if not dead:
+        return 0
+    untaken = Job.objects.filter(status=Status.PROCESSING, lease_owner="").exclude(project__kind__in=runners.kinds())
+    claims = untaken.filter(task_id="", lease_expires_at__gt=Now()).update(lease_expires_at=Now() - timedelta(seconds=1))
+    collections = (
+        untaken.exclude(task_id="")
+        .filter(lease_expires_at__isnull=True, poll_claimed_until__gt=Now())
+        .update(poll_claimed_until=None, next_poll_at=Now())
+    )
+    Heartbeat.objects.filter(id__in=dead).delete()
+    if claims or collections:
+        log.warning("worker cluster(s) gone: released %s claims and %s collections they may have held", claims, collections)
+    return claims + collections
+
+
 def _heal(*, include_dead_owners: bool) -> int:
+    if include_dead_owners:
+        release_dead_clusters_handoffs()
     stalled = (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
         .exclude(project__kind__in=runners.kinds())
@@ -104,6 +132,17 @@ def _heal(*, include_dead_owners: bool) -> int:
                 if heartbeats.owner_is_dead(owner):
                     if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True):
                         healed += 1
+        # A collector (or an adopting retry) that died with the lease: back to the poller
+        # now, not when the lease lapses. The owner in the filter keeps a successor's lease.
+        collecting = Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now).exclude(task_id="")
+        collecting = collecting.exclude(lease_owner="").exclude(project__kind__in=runners.kinds())
+        for rows in _batches(collecting.values_list("id", "lease_owner")):
+            for job_id, owner in rows:
+                if heartbeats.owner_is_dead(owner) and collecting.filter(id=job_id, lease_owner=owner).update(
+                    lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
+                ):
+                    attempts_interrupt([job_id])
+                    healed += 1
     return healed
 
 
