@@ -432,3 +432,17 @@ def jobs_page(
         "has_previous": page > 1,
         "state": state,
     }
+
+
+# --- Needs attention (issue 16): held ambiguous submissions (engine/ambiguous.py) ---
+
+ATTENTION_ROWS = 50
+
+
+def attention_jobs(user, *, limit: int = ATTENTION_ROWS) -> dict:
+    """Jobs held for attention that `user` may act on, newest first, and how many in all."""
+    jobs = visible_jobs(user).filter(status=Status.FAILED, error_class=ErrorClass.ATTENTION)
+    rows = jobs.order_by("-finished_at", "-id").values(
+        "id", "prompt", "error", "finished_at", "project_id", "project__name", "provider__name", "project__provider__name"
+    )[:limit]
+    return {"count": jobs.count(), "jobs": list(rows)}

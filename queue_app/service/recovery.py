@@ -24,9 +24,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import backoff, dispatch, heartbeats, runners, transitions
-from queue_app.engine.attempts import attempts_interrupt
-from queue_app.models import Heartbeat, Job, Status
+from queue_app.engine import ambiguous, backoff, dispatch, heartbeats, runners, transitions
+from queue_app.engine.attempts import Outcome, attempts_interrupt
+from queue_app.models import Heartbeat, Job, JobAttempt, Status
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,14 @@ def _batches(queryset):
         last = rows[-1][0]
 
 
-def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool) -> str | None:
+def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool, hold: bool = False) -> str | None:
     """Return one stalled running job to pending (or fail it when its attempts are used
-    up), recording the interrupted attempt."""
-    if attempts >= max_attempts:
+    up, or hold it for attention when its submission may have been accepted), recording
+    the interrupted attempt."""
+    if hold:
+        done = transitions.job_hold_stalled(job_id, reason=ambiguous.HOLD_REASON, dead_owner=lease_owner if dead_owner else None)
+        outcome = "held" if done else None
+    elif attempts >= max_attempts:
         done = transitions.job_fail_stalled(
             job_id, reason=backoff.give_up_reason(attempts, "the worker stopped while running the job")
         )
@@ -62,6 +66,16 @@ def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead
     if done:
         attempts_interrupt([job_id])
     return outcome
+
+
+def held_for_attention(rows) -> set:
+    """Of stalled rows (id, owner, attempts, max_attempts, expiry, options, kind), the jobs
+    to hold rather than retry: the provider record holds ambiguous submissions, and a
+    worker had begun the job (an attempt is open), so its submission may have been sent."""
+    candidates = [row[0] for row in rows if ambiguous.holds(row[5], row[6])]
+    if not candidates:
+        return set()
+    return set(JobAttempt.objects.filter(job_id__in=candidates, outcome=Outcome.RUNNING).values_list("job_id", flat=True))
 
 
 def heal(*, include_dead_owners: bool = True) -> int:
@@ -97,18 +111,29 @@ def _heal(*, include_dead_owners: bool) -> int:
     stalled = (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
         .exclude(project__kind__in=runners.kinds())
-        .values_list("id", "lease_owner", "attempts", "active_provider__max_attempts", "lease_expires_at")
+        .values_list(
+            "id",
+            "lease_owner",
+            "attempts",
+            "active_provider__max_attempts",
+            "lease_expires_at",
+            "active_provider__options",
+            "project__kind",
+        )
     )
     now = timezone.now()
     healed = 0
     for rows in _batches(stalled.filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
-        retry = [job_id for job_id, _, attempts, max_attempts, _ in rows if attempts < (max_attempts or 1)]
+        hold = held_for_attention(rows)
+        retry = [row[0] for row in rows if row[2] < (row[3] or 1) and row[0] not in hold]
         moved = transitions.jobs_heal(retry, reason=HEAL_REASON) if retry else []
         if moved:
             attempts_interrupt(moved)
             healed += len(moved)
-        for job_id, owner, attempts, max_attempts, _ in rows:
-            if attempts >= (max_attempts or 1) and heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=False):
+        for job_id, owner, attempts, max_attempts, *_ in rows:
+            if (attempts >= (max_attempts or 1) or job_id in hold) and heal_one(
+                job_id, owner, attempts, max_attempts or 1, dead_owner=False, hold=job_id in hold
+            ):
                 healed += 1
     # A retry that was adopting a kept task id when its worker stopped: the remote task
     # still holds the slot, so it becomes an ordinary detached job, polled at once.
@@ -128,9 +153,10 @@ def _heal(*, include_dead_owners: bool) -> int:
             healed += moved
     if include_dead_owners:
         for rows in _batches(stalled.filter(lease_expires_at__gte=now).exclude(lease_owner="")):
-            for job_id, owner, attempts, max_attempts, _ in rows:
+            hold = held_for_attention(rows)
+            for job_id, owner, attempts, max_attempts, *_ in rows:
                 if heartbeats.owner_is_dead(owner):
-                    if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True):
+                    if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True, hold=job_id in hold):
                         healed += 1
         # A collector (or an adopting retry) that died with the lease: back to the poller
         # now, not when the lease lapses. The owner in the filter keeps a successor's lease.
