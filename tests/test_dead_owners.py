@@ -122,3 +122,43 @@ def test_a_dead_clusters_untaken_collection_is_polled_again_at_once(owner, inlin
     recovery.heal()
     job.refresh_from_db()
     assert job.poll_claimed_until is None and job.next_poll_at <= timezone.now()
+
+
+def running_jobs(owner, inline_tasks, n, lease_owner):
+    provider = make_provider(owner, concurrency=n)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, n)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    inline_tasks.queue.clear()
+    Job.objects.filter(project=project).update(lease_owner=lease_owner, lease_expires_at=timezone.now() + timedelta(seconds=10))
+    return jobs
+
+
+def heal_queries(n, owner, inline_tasks):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    Job.objects.all().delete()
+    running_jobs(owner, inline_tasks, n, "busy-host:77")
+    with CaptureQueriesContext(connection) as queries:
+        assert recovery.heal() == 0
+    return len(queries)
+
+
+def test_healing_asks_about_each_owner_once_not_each_job(owner, inline_tasks):
+    Heartbeat.objects.create(
+        name="worker:busy-host:1", role="worker", host="busy-host", pid=1, started_at=timezone.now(), seen_at=timezone.now()
+    )
+    assert heal_queries(40, owner, inline_tasks) == heal_queries(3, owner, inline_tasks)
+
+
+def test_one_heal_reclaims_exactly_the_dead_owners_work(owner, inline_tasks):
+    here = socket.gethostname()
+    live = running_jobs(owner, inline_tasks, 2, f"{here}:{__import__('os').getpid()}")
+    dead = running_jobs(owner, inline_tasks, 3, f"{here}:{dead_pid()}")
+    collector = detached(owner, inline_tasks)
+    collecting(collector, f"{here}:{dead_pid()}")
+    assert recovery.heal() == 4
+    assert all(Job.objects.get(id=j.id).lease_owner != "" for j in live)
+    assert all(Job.objects.get(id=j.id).lease_owner == "" for j in dead)
+    assert Job.objects.get(id=collector.id).lease_owner == ""

@@ -152,23 +152,48 @@ def _heal(*, include_dead_owners: bool) -> int:
             attempts_interrupt(ids)
             healed += moved
     if include_dead_owners:
-        for rows in _batches(stalled.filter(lease_expires_at__gte=now).exclude(lease_owner="")):
-            hold = held_for_attention(rows)
-            for job_id, owner, attempts, max_attempts, *_ in rows:
-                if heartbeats.owner_is_dead(owner):
-                    if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True, hold=job_id in hold):
-                        healed += 1
-        # A collector (or an adopting retry) that died with the lease: back to the poller
-        # now, not when the lease lapses. The owner in the filter keeps a successor's lease.
-        collecting = Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now).exclude(task_id="")
-        collecting = collecting.exclude(lease_owner="").exclude(project__kind__in=runners.kinds())
-        for rows in _batches(collecting.values_list("id", "lease_owner")):
-            for job_id, owner in rows:
-                if heartbeats.owner_is_dead(owner) and collecting.filter(id=job_id, lease_owner=owner).update(
-                    lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
-                ):
-                    attempts_interrupt([job_id])
-                    healed += 1
+        healed += _heal_dead_owners(stalled, now)
+    return healed
+
+
+def dead_owners(now) -> list[str]:
+    """The distinct owners of live leases (non-runner work) whose process is dead. Asked
+    once per owner, not once per job: a heal every 2 s must not walk every running job."""
+    owners = (
+        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now)
+        .exclude(lease_owner="")
+        .exclude(project__kind__in=runners.kinds())
+        .values_list("lease_owner", flat=True)
+        .distinct()
+    )
+    return [owner for owner in owners.order_by("lease_owner") if heartbeats.owner_is_dead(owner, now=now)]
+
+
+def _heal_dead_owners(stalled, now) -> int:
+    dead = dead_owners(now)
+    if not dead:
+        return 0
+    healed = 0
+    for rows in _batches(stalled.filter(lease_expires_at__gte=now, lease_owner__in=dead)):
+        hold = held_for_attention(rows)
+        for job_id, owner, attempts, max_attempts, *_ in rows:
+            if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True, hold=job_id in hold):
+                healed += 1
+    # A collector (or an adopting retry) that died with the lease: back to the poller now,
+    # not when the lease lapses. The owner in the filter keeps a successor's lease.
+    collecting = (
+        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now, lease_owner__in=dead)
+        .exclude(task_id="")
+        .exclude(project__kind__in=runners.kinds())
+    )
+    for rows in _batches(collecting.values_list("id")):
+        ids = [row[0] for row in rows]
+        moved = collecting.filter(id__in=ids).update(
+            lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
+        )
+        if moved:
+            attempts_interrupt(ids)
+            healed += moved
     return healed
 
 
