@@ -53,6 +53,10 @@ class ErrorClass(models.TextChoices):
     # Not a failure of the provider: the user cancelled the job (a failed job with this
     # reason code; the monitor shows it as "Cancelled"; retry and clear work on it).
     CANCELLED = "cancelled"
+    # Held for attention: the provider may have accepted the submission but we hold no
+    # task id, and the provider record says not to risk paying twice (engine/ambiguous.py).
+    # A failed job the monitor lists as "Needs attention" with Resubmit / Mark failed.
+    ATTENTION = "attention"
 
 
 class AccountSettings(models.Model):

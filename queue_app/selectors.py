@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from queue_app import states
 from queue_app.engine import heartbeats, runners
-from queue_app.models import AlbumItem, Job, Project, Provider, Status
+from queue_app.models import AlbumItem, ErrorClass, Job, Project, Provider, Status
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")
 
@@ -747,3 +747,17 @@ def jobs_by_status(job_ids) -> dict:
     """{status: count} of these jobs (one grouped query): what start_jobs' wait watches."""
     rows = Job.objects.filter(id__in=list(job_ids)).values_list("status").annotate(n=Count("id")).order_by()
     return {status: n for status, n in rows}
+
+
+# --- Needs attention (issue 16): held ambiguous submissions (engine/ambiguous.py) ---
+
+ATTENTION_ROWS = 50
+
+
+def attention_jobs(user, *, limit: int = ATTENTION_ROWS) -> dict:
+    """Jobs held for attention that `user` may act on, newest first, and how many in all."""
+    jobs = visible_jobs(user).filter(status=Status.FAILED, error_class=ErrorClass.ATTENTION)
+    rows = jobs.order_by("-finished_at", "-id").values(
+        "id", "prompt", "error", "finished_at", "project_id", "project__name", "provider__name", "project__provider__name"
+    )[:limit]
+    return {"count": jobs.count(), "jobs": list(rows)}

@@ -842,3 +842,32 @@ def album_item_delete(*, user, item_id) -> int:
         events.emit(item.project_id, "album.deleted", item.job_id, "", {"item": item_id, "freed": item.size})
         transaction.on_commit(lambda: remove_files(names))
     return item.size
+
+
+# --- Needs attention (issue 16): held ambiguous submissions (engine/ambiguous.py) ---
+
+
+def _held(user, job_ids):
+    from queue_app.models import ErrorClass
+
+    jobs = Job.objects.filter(id__in=list(job_ids), status=Status.FAILED, error_class=ErrorClass.ATTENTION)
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def attention_resubmit(*, user, job_ids) -> dict:
+    """A person checked the provider and found nothing was accepted (or wants it again
+    anyway): the held jobs go back to pending and are submitted anew."""
+    ids = list(_held(user, job_ids).values_list("id", flat=True))
+    storage_check(user=user, starting=len(ids))
+    started = transitions.jobs_to_pending(ids, from_statuses=(Status.FAILED,), kind="job.retried")
+    log.info("needs attention: user %s resubmitted %d job(s)", user.pk, len(started))
+    return {"resubmitted": [str(i) for i in started]}
+
+
+def attention_mark_failed(*, user, job_ids) -> dict:
+    """The held jobs become ordinary failures (error class "ambiguous"), off the list."""
+    from queue_app.models import ErrorClass
+
+    marked = _held(user, job_ids).update(error_class=ErrorClass.AMBIGUOUS)
+    log.info("needs attention: user %s marked %d job(s) failed", user.pk, marked)
+    return {"marked_failed": marked}

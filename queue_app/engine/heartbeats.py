@@ -57,10 +57,36 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def owner_is_dead(owner: str) -> bool:
-    """A lease owner `host:pid` on this host whose process no longer exists."""
+def owner_is_dead(owner: str, *, now=None) -> bool:
+    """A lease owner `host:pid` whose process no longer exists: on this host, asked of the
+    kernel; on another host, when that host's processes have all stopped beating (the
+    lease stays the backstop for a host that never beat at all)."""
     host, _, pid = owner.rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
+    if not pid.isdigit():
+        return False
+    if host == socket.gethostname():
+        return not pid_alive(int(pid))
+    return bool(host) and host_is_silent(host, now=now)
+
+
+def host_is_silent(host: str, *, now=None) -> bool:
+    """A host that beat before and whose processes have all missed three beats."""
+    now = now or timezone.now()
+    window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
+    beats = Heartbeat.objects.filter(host=host)
+    return beats.exists() and not beats.filter(seen_at__gte=now - window).exists()
+
+
+def dead_clusters(*, now=None) -> list[int]:
+    """Heartbeat ids of worker clusters that are gone: the process is dead on this host,
+    or it missed three beats (any host)."""
+    now = now or timezone.now()
+    window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
+    dead = []
+    for beat_id, host, pid, seen_at in Heartbeat.objects.filter(role="worker").values_list("id", "host", "pid", "seen_at"):
+        if seen_at < now - window or (host == socket.gethostname() and not pid_alive(pid)):
+            dead.append(beat_id)
+    return dead
 
 
 _started = False

@@ -282,6 +282,23 @@ def job_fail_stalled(job_id, *, reason: str) -> bool:
     )
 
 
+def job_hold_stalled(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
+    """processing (its worker gone after it may have submitted) → failed, held for
+    attention (error class "attention"): the provider record chose not to risk paying
+    twice (engine/ambiguous.py). Resubmit is a retry; Mark failed changes the class."""
+    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
+    if dead_owner:
+        lease_gone |= Q(lease_owner=dead_owner)
+    return _leave_stalled(
+        job_id,
+        lease_gone=lease_gone,
+        new_status=Status.FAILED,
+        kind="job.failed",
+        fields=dict(error=reason, error_class=ErrorClass.ATTENTION, finished_at=timezone.now()),
+        payload={"error": reason},
+    )
+
+
 def _leave_stalled(job_id, *, lease_gone: Q, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
     """A running job (no task id) whose worker is gone leaves processing: its lease token
     is read under `lease_gone`, then the compare-and-set matches that token and

@@ -9,6 +9,7 @@ Steps and their cadence:
 - heartbeat              every HEARTBEAT_SECONDS
 - heal                   every HEAL_INTERVAL_SECONDS: expired leases → pending
 - dispatch safety net    every DISPATCH_SAFETY_NET_SECONDS: providers with work and room
+- wake on schedule       at the moment a cool-down or a backoff ends (wake_schedule), to ~100 ms
 - poll detached          every second: jobs whose next_poll_at is due (30 s; Civitai 5 s)
 - runner ticks           every second (ComfyUI runners keep their own 2 s cadence)
 - prune events           every 10 minutes: live-event rows older than a day
@@ -25,7 +26,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from queue_app.engine import dispatch, heartbeats, runners
+from queue_app.engine import dispatch, heartbeats, runners, wake_schedule
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
 from queue_app.service import poller, recovery
@@ -33,6 +34,12 @@ from queue_app.service import poller, recovery
 log = logging.getLogger(__name__)
 
 EVENT_RETENTION = timedelta(days=1)
+# How often the schedule of wake moments is re-read (cool-downs and backoffs written by
+# workers meanwhile), and how long the idle loop sleeps at most.
+WAKE_REFRESH_SECONDS = 0.25
+IDLE_SLEEP_SECONDS = 0.25
+# Fire a little after the moment: the database's clock decides whether it has passed.
+WAKE_MARGIN = timedelta(milliseconds=5)
 
 
 class QueueService:
@@ -43,6 +50,8 @@ class QueueService:
         self.stopping = False
         self.poller: poller.Poller | None = None
         self.push_sender: outbox.Sender | None = None
+        self.wake_at = None  # the next cool-down or backoff end, from wake_schedule
+        self.wake_read_at = None
 
     def due(self, step: str, every: float) -> bool:
         now = time.monotonic()
@@ -62,6 +71,26 @@ class QueueService:
 
     def step_dispatch(self) -> bool:
         return dispatch.ping_safety_net() > 0
+
+    def step_wake(self, now=None) -> bool:
+        """Dispatch at the moment a cool-down or backoff ends, then read the next moment."""
+        now = now or timezone.now()
+        fired = did = False
+        if self.wake_at is not None and now >= self.wake_at + WAKE_MARGIN:
+            fired, self.wake_at = True, None
+            did = dispatch.ping_safety_net() > 0
+        stale = self.wake_read_at is None or (now - self.wake_read_at).total_seconds() >= WAKE_REFRESH_SECONDS
+        if fired or stale:
+            self.wake_at = wake_schedule.next_moment(now)
+            self.wake_read_at = now
+        return did
+
+    def idle_sleep(self, now=None) -> float:
+        """How long the idle loop may sleep without missing the next wake moment."""
+        if self.wake_at is None:
+            return IDLE_SLEEP_SECONDS
+        until = (self.wake_at + WAKE_MARGIN - (now or timezone.now())).total_seconds()
+        return min(IDLE_SLEEP_SECONDS, max(0.0, until))
 
     def step_poll(self, now=None) -> bool:
         # The checks run on the poller's own threads; this step only claims and starts them.
@@ -98,6 +127,7 @@ class QueueService:
             did = self.step_heal() or did
         if self.due("dispatch", settings.DISPATCH_SAFETY_NET_SECONDS):
             did = self.step_dispatch() or did
+        did = self.step_wake() or did
         if self.due("poll", 1.0):
             did = self.step_poll() or did
         if self.due("runners", 0.5):
@@ -141,6 +171,6 @@ class QueueService:
             if max_ticks is not None and ticks >= max_ticks:
                 break
             if not did:
-                time.sleep(0.25)
+                time.sleep(self.idle_sleep())
         if self.poller is not None:
             self.poller.close()

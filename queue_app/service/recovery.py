@@ -1,7 +1,11 @@
 """The recovery scan (on every start) and healing (on the queue service's timer).
 
 Both act only on work whose owner is gone — a lease that has expired, or whose owner
-process is known dead on this host — so they are safe while other hosts' workers run.
+process is known dead (the kernel on this host, heartbeats across hosts) — so they are
+safe while other hosts' workers run. A worker cluster that died may also hold hand-offs
+nobody has taken yet (claims and collections in its local queue, up to django-q2's
+`queue_limit`): those have no owner to ask about, so a cluster's death releases every
+untaken hand-off at once. The lease token fences out any copy a live cluster still has.
 
 recover():
 1. running jobs (processing, no task id) whose worker is gone go back to pending, with
@@ -14,14 +18,15 @@ It walks the tables in id-ordered batches, so memory stays flat at any size.
 """
 
 import logging
+from datetime import timedelta
 
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import backoff, dispatch, heartbeats, runners, transitions
-from queue_app.engine.attempts import attempts_interrupt
-from queue_app.models import Job, Status
+from queue_app.engine import ambiguous, backoff, dispatch, heartbeats, runners, transitions
+from queue_app.engine.attempts import Outcome, attempts_interrupt
+from queue_app.models import Heartbeat, Job, JobAttempt, Status
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +48,14 @@ def _batches(queryset):
         last = rows[-1][0]
 
 
-def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool) -> str | None:
+def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool, hold: bool = False) -> str | None:
     """Return one stalled running job to pending (or fail it when its attempts are used
-    up), recording the interrupted attempt."""
-    if attempts >= max_attempts:
+    up, or hold it for attention when its submission may have been accepted), recording
+    the interrupted attempt."""
+    if hold:
+        done = transitions.job_hold_stalled(job_id, reason=ambiguous.HOLD_REASON, dead_owner=lease_owner if dead_owner else None)
+        outcome = "held" if done else None
+    elif attempts >= max_attempts:
         done = transitions.job_fail_stalled(
             job_id, reason=backoff.give_up_reason(attempts, "the worker stopped while running the job")
         )
@@ -59,28 +68,72 @@ def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead
     return outcome
 
 
+def held_for_attention(rows) -> set:
+    """Of stalled rows (id, owner, attempts, max_attempts, expiry, options, kind), the jobs
+    to hold rather than retry: the provider record holds ambiguous submissions, and a
+    worker had begun the job (an attempt is open), so its submission may have been sent."""
+    candidates = [row[0] for row in rows if ambiguous.holds(row[5], row[6])]
+    if not candidates:
+        return set()
+    return set(JobAttempt.objects.filter(job_id__in=candidates, outcome=Outcome.RUNNING).values_list("job_id", flat=True))
+
+
 def heal(*, include_dead_owners: bool = True) -> int:
     """Heal running jobs whose lease expired (or whose owner died on this host)."""
     with dispatch.deferred_wakes():
         return _heal(include_dead_owners=include_dead_owners)
 
 
+def release_dead_clusters_handoffs() -> int:
+    """A worker cluster died: hand-offs no worker has taken yet may sit in its local queue
+    and would wait for their lease (claims) or hold (collections) to run out. Release them
+    all now — the lapsed claims are healed below, the collections polled again at once —
+    and forget the dead cluster so this happens once per death."""
+    dead = heartbeats.dead_clusters()
+    if not dead:
+        return 0
+    untaken = Job.objects.filter(status=Status.PROCESSING, lease_owner="").exclude(project__kind__in=runners.kinds())
+    claims = untaken.filter(task_id="", lease_expires_at__gt=Now()).update(lease_expires_at=Now() - timedelta(seconds=1))
+    collections = (
+        untaken.exclude(task_id="")
+        .filter(lease_expires_at__isnull=True, poll_claimed_until__gt=Now())
+        .update(poll_claimed_until=None, next_poll_at=Now())
+    )
+    Heartbeat.objects.filter(id__in=dead).delete()
+    if claims or collections:
+        log.warning("worker cluster(s) gone: released %s claims and %s collections they may have held", claims, collections)
+    return claims + collections
+
+
 def _heal(*, include_dead_owners: bool) -> int:
+    if include_dead_owners:
+        release_dead_clusters_handoffs()
     stalled = (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
         .exclude(project__kind__in=runners.kinds())
-        .values_list("id", "lease_owner", "attempts", "active_provider__max_attempts", "lease_expires_at")
+        .values_list(
+            "id",
+            "lease_owner",
+            "attempts",
+            "active_provider__max_attempts",
+            "lease_expires_at",
+            "active_provider__options",
+            "project__kind",
+        )
     )
     now = timezone.now()
     healed = 0
     for rows in _batches(stalled.filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
-        retry = [job_id for job_id, _, attempts, max_attempts, _ in rows if attempts < (max_attempts or 1)]
+        hold = held_for_attention(rows)
+        retry = [row[0] for row in rows if row[2] < (row[3] or 1) and row[0] not in hold]
         moved = transitions.jobs_heal(retry, reason=HEAL_REASON) if retry else []
         if moved:
             attempts_interrupt(moved)
             healed += len(moved)
-        for job_id, owner, attempts, max_attempts, _ in rows:
-            if attempts >= (max_attempts or 1) and heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=False):
+        for job_id, owner, attempts, max_attempts, *_ in rows:
+            if (attempts >= (max_attempts or 1) or job_id in hold) and heal_one(
+                job_id, owner, attempts, max_attempts or 1, dead_owner=False, hold=job_id in hold
+            ):
                 healed += 1
     # A retry that was adopting a kept task id when its worker stopped: the remote task
     # still holds the slot, so it becomes an ordinary detached job, polled at once.
@@ -99,11 +152,48 @@ def _heal(*, include_dead_owners: bool) -> int:
             attempts_interrupt(ids)
             healed += moved
     if include_dead_owners:
-        for rows in _batches(stalled.filter(lease_expires_at__gte=now).exclude(lease_owner="")):
-            for job_id, owner, attempts, max_attempts, _ in rows:
-                if heartbeats.owner_is_dead(owner):
-                    if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True):
-                        healed += 1
+        healed += _heal_dead_owners(stalled, now)
+    return healed
+
+
+def dead_owners(now) -> list[str]:
+    """The distinct owners of live leases (non-runner work) whose process is dead. Asked
+    once per owner, not once per job: a heal every 2 s must not walk every running job."""
+    owners = (
+        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now)
+        .exclude(lease_owner="")
+        .exclude(project__kind__in=runners.kinds())
+        .values_list("lease_owner", flat=True)
+        .distinct()
+    )
+    return [owner for owner in owners.order_by("lease_owner") if heartbeats.owner_is_dead(owner, now=now)]
+
+
+def _heal_dead_owners(stalled, now) -> int:
+    dead = dead_owners(now)
+    if not dead:
+        return 0
+    healed = 0
+    for rows in _batches(stalled.filter(lease_expires_at__gte=now, lease_owner__in=dead)):
+        hold = held_for_attention(rows)
+        for job_id, owner, attempts, max_attempts, *_ in rows:
+            if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True, hold=job_id in hold):
+                healed += 1
+    # A collector (or an adopting retry) that died with the lease: back to the poller now,
+    # not when the lease lapses. The owner in the filter keeps a successor's lease.
+    collecting = (
+        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now, lease_owner__in=dead)
+        .exclude(task_id="")
+        .exclude(project__kind__in=runners.kinds())
+    )
+    for rows in _batches(collecting.values_list("id")):
+        ids = [row[0] for row in rows]
+        moved = collecting.filter(id__in=ids).update(
+            lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
+        )
+        if moved:
+            attempts_interrupt(ids)
+            healed += moved
     return healed
 
 

@@ -150,6 +150,7 @@ def monitor_context(request) -> dict:
         "query": urlencode(query),
         "here": request.get_full_path().replace("fragment=1", "").rstrip("?&") or "/queue/",
         "refresh_seconds": REFRESH_SECONDS,
+        "attention": selectors.attention_jobs(user),
         "now": now,
         "concurrency_limit": limits.CONCURRENCY,
     }

@@ -5,6 +5,7 @@ from queue_app.web import (
     api,
     api_drafts,
     api_manage,
+    attention,
     cancel,
     drafts,
     job_page,
@@ -53,6 +54,7 @@ urlpatterns = [
     path("queue/providers/<int:provider_id>/<str:action>", monitor.provider_action, name="monitor_provider_action"),
     path("queue/failed/<str:action>", monitor.failed_action, name="monitor_failed_action"),
     path("queue/cancel", cancel.monitor_cancel, name="monitor_cancel"),
+    path("queue/attention/<str:action>", attention.attention_action, name="monitor_attention_action"),
     # JSON API (documented in the README)
     path("api/queue/status", api.queue_status_view, name="api_queue_status"),
     path("api/queue/clear-failed", api.clear_failed_view, name="api_clear_failed"),

@@ -21,7 +21,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import dispatch, failpoints, remote_cancel, transitions
+from queue_app.engine import ambiguous, dispatch, failpoints, remote_cancel, transitions
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
@@ -191,6 +191,18 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         attempt_finish(attempt.id, Outcome.RATE_LIMITED, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
         return None  # the provider is cooling down: nothing to refill now
+    if isinstance(error, AmbiguousError) and ambiguous.holds(provider.options, job.project.kind):
+        # The provider may have accepted (and billed) it; this record chose a visible
+        # stuck job over a silent second charge.
+        fail_job(
+            job.id,
+            token,
+            attempt.id,
+            outcome=Outcome.AMBIGUOUS,
+            reason=f"{ambiguous.HOLD_REASON} ({reason})",
+            error_class=ErrorClass.ATTENTION,
+        )
+        return provider.id
     outcome = Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else Outcome.TRANSIENT
     attempt_finish(attempt.id, outcome, reason)
     retry_or_give_up(job, token, max_attempts=provider.max_attempts, reason=reason, error_class=error.error_class)
