@@ -358,3 +358,18 @@ def test_resuming_in_the_admin_dispatches_at_once(client, staff, owner, inline_t
     response = client.post(f"/admin/queue_app/provider/{provider.id}/change/", form)
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Job.objects.filter(status=Status.PROCESSING).count() == 2
+
+
+def test_the_ambiguous_submission_choice_is_a_form_field_of_every_family_and_reaches_the_engine(owner):
+    from queue_app.engine import ambiguous
+    from queue_app.providers.options import clean_options, declared
+
+    for family in ("demo", "openai", "replicate", "civitai", "runninghub", "google"):
+        assert "on_ambiguous" in {option.name for option in declared(family)}
+    provider = Provider.objects.create(owner=owner, name="r", family="replicate", options={})
+    provider.options = clean_options("replicate", {"on_ambiguous": "hold"}, keep=provider.options)
+    provider.save()
+    assert provider.options == {"on_ambiguous": "hold"}
+    with pytest.raises(ValueError):
+        clean_options("replicate", {"on_ambiguous": "sometimes"})
+    assert ambiguous.holds(provider.options, "image") and not ambiguous.holds({}, "image")

@@ -77,8 +77,19 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
 }
 
 
+# Every family: what an ambiguous submission does (engine/ambiguous.py; blank: hold for
+# video, retry otherwise).
+ON_AMBIGUOUS = Option(
+    "on_ambiguous",
+    "On an unclear submission",
+    str,
+    "a lost answer to a submit: retry (may pay twice) or hold the job for attention",
+    choices=("retry", "hold"),
+)
+
+
 def declared(family: str) -> tuple[Option, ...]:
-    return OPTIONS.get(family, ())
+    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS)
 
 
 def clean_option(option: Option, value):

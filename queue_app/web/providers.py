@@ -13,7 +13,7 @@ from queue_app.forms import ProviderUrlMixin
 from queue_app.models import Family, Provider
 from queue_app.providers import crypto, keycheck
 from queue_app.providers.catalogue import CATALOGUE
-from queue_app.providers.options import OPTIONS, clean_option
+from queue_app.providers.options import OPTIONS, clean_option, declared
 from queue_app.web.pages import own
 
 
@@ -34,9 +34,9 @@ class ProviderForm(ProviderUrlMixin, forms.Form):
         self.provider = provider
         super().__init__(*args, **kwargs)
         # one field per declared option of every family; the page shows the chosen family's
-        for family, options in OPTIONS.items():
+        for family in OPTIONS:
             stored = provider.options if provider.family == family else {}
-            for option in options:
+            for option in declared(family):
                 name = f"opt_{family}_{option.name}"
                 if option.type is bool:
                     field = forms.BooleanField(required=False)
@@ -52,7 +52,7 @@ class ProviderForm(ProviderUrlMixin, forms.Form):
         """The chosen family's options as typed, for the service to check again."""
         family = self.cleaned_data["family"]
         values = {}
-        for option in OPTIONS.get(family, ()):
+        for option in declared(family):
             raw = self.cleaned_data.get(f"opt_{family}_{option.name}")
             try:
                 values[option.name] = clean_option(option, False if raw is False and option.type is bool else raw)
