@@ -48,7 +48,7 @@ def _choice_of(binding: dict) -> str:
 def picker_rows(workflow: dict, bindings: list) -> list[dict]:
     """[{field, node, class_type, input, value, chosen}] for each input that holds a value
     (inputs linked to another node's output are not settable)."""
-    bound = {(b.get("node"), b.get("input")): _choice_of(b) for b in bindings or [] if isinstance(b, dict)}
+    bound = {(str(b.get("node")), str(b.get("input"))): _choice_of(b) for b in bindings or [] if isinstance(b, dict)}
     rows = []
     for node_id, node in (workflow or {}).items():
         if not isinstance(node, dict):

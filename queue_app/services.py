@@ -662,7 +662,10 @@ def concurrency_checked(value) -> int:
     if value < bounds.low:
         raise ServiceError("concurrency must be at least 1: to stop new work, pause the provider instead")
     if value > bounds.high:
-        raise ServiceError(f"concurrency can be at most {bounds.high} jobs at once per provider")
+        raise ServiceError(
+            f"concurrency can be at most {bounds.high} jobs at once per provider"
+            f" (a whole number from {bounds.low} to {bounds.high})"
+        )
     return value
 
 
@@ -731,9 +734,7 @@ def provider_values(*, user, data: dict, provider: Provider | None = None) -> di
     if "max_attempts" in data:
         value = data["max_attempts"]
         if isinstance(value, bool) or not isinstance(value, int) or not limits.MAX_ATTEMPTS.contains(value):
-            raise ServiceError(
-                f"max attempts must be a whole number from {limits.MAX_ATTEMPTS.low} to {limits.MAX_ATTEMPTS.high}"
-            )
+            raise ServiceError(limits.MAX_ATTEMPTS.message())
         values["max_attempts"] = value
     if "paused" in data:
         if not isinstance(data["paused"], bool):

@@ -125,15 +125,6 @@ def test_cancel_all_matching_hands_the_matching_unfinished_jobs_to_jobs_cancel(c
     assert Job.objects.filter(id__in=[j.id for j in jobs["owls"]], status=Status.FAILED).count() == 3
 
 
-def test_without_the_cancel_service_a_cancel_is_refused_readably(client, owner, jobs, monkeypatch):
-    monkeypatch.delattr(services, "jobs_cancel", raising=False)
-    client.force_login(owner)
-    body = {"op": "cancel:selected", "job_ids": [str(jobs["owls"][1].id)], "confirm": "1"}
-    response = client.post("/queue/jobs/bulk", body, follow=True)
-    assert response.status_code == 200 and "cancelling jobs is not available yet" in response.content.decode()
-    assert Job.objects.get(id=jobs["owls"][1].id).status == Status.PENDING
-
-
 def test_bad_bulk_input_answers_a_message_not_an_error(client, owner, jobs):
     client.force_login(owner)
     for body in (
