@@ -15,7 +15,7 @@ from django.conf import settings
 from queue_app import services
 from queue_app.models import AlbumItem, Job, Project, Status
 from tests import procs
-from tests.factories import make_drafts, make_project, make_provider
+from tests.factories import make_drafts, make_project
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.test_browser import log_in
 
@@ -28,7 +28,7 @@ WIDER_THAN_VIEWPORT = "document.documentElement.scrollWidth - window.innerWidth"
 @pytest.fixture
 def fake_remote():
     """A RunningHub-shaped provider on loopback whose tasks never finish (they stay detached)."""
-    with FakeAsyncProvider(polls_before_done=10_000) as fake:
+    with FakeAsyncProvider(polls_before_done=10_000, api_key="rh-test-key-123") as fake:
         yield fake
 
 
@@ -91,11 +91,11 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     log_in(page, walk.base, owner)
     walk.landed("/projects/")
 
-    # 1. a provider (the demo family, calls take 2.5 s so one can be cancelled while running), its key tested
+    # 1. a provider (the demo family, calls take 3 s so one can be cancelled while running), its key tested
     walk.goto("/providers/new")
     page.fill("#id_name", "My demo")
     page.select_option("#id_family", "demo")
-    page.fill("#id_opt_demo_latency_ms", "2500")
+    page.fill("#id_opt_demo_latency_ms", "3000")
     page.fill("input[name=alias]", "house")
     page.fill("input[name=alias_model]", "demo-image")
     page.click("#provider-form button[type=submit]")
@@ -105,6 +105,20 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     page.wait_for_selector("text=Test key: ok")
     walk.landed("provider tested").shot("provider-tested")
     provider = owner.providers.get(name="My demo")
+
+    # ... and one at the (fake) RunningHub, whose key is tested against it
+    walk.goto("/providers/new")
+    page.fill("#id_name", "RH fake")
+    page.select_option("#id_family", "runninghub")
+    page.fill("#id_base_url", f"{fake_remote.url}/openapi/v2")
+    page.fill("#id_api_key", "rh-test-key-123")
+    page.click("#provider-form button[type=submit]")
+    page.wait_for_selector("#test-key")
+    page.click("#test-key button")
+    page.wait_for_selector("text=Test key: ok")
+    walk.landed("remote provider tested").shot("remote-provider-tested")
+    assert fake_remote.hits["queue_status"] == 1
+    remote = owner.providers.get(name="RH fake")
 
     # 2. a project on it
     walk.goto("/projects/")
@@ -127,8 +141,8 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     page.set_input_files("#draft-form input[name=reference_files]", str(reference))
     page.click("#draft-form button[type=submit]")
     page.wait_for_function("document.querySelectorAll('#drafts tr[data-job]').length === 3")
-    drafts = list(Job.objects.filter(project=project).order_by("id"))
-    assert sorted(job.prompt for job in drafts) == ["a fox at dusk", "a fox in the rain", "a fox in the snow"]
+    drafts = sorted(Job.objects.filter(project=project), key=lambda job: job.prompt)
+    assert [job.prompt for job in drafts] == ["a fox at dusk", "a fox in the rain", "a fox in the snow"]
     assert all(len(job.references) == 1 for job in drafts), [job.references for job in drafts]
     walk.landed("drafts added").shot("drafts")
 
@@ -137,12 +151,12 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     page.click(f"#drafts tr[data-job='{first.id}'] a:text('Edit')")
     page.wait_for_selector("#edit-draft-form")
     walk.landed("draft edit")
-    page.fill("#edit-draft-form textarea[name=prompt]", "a fox in the snow, edited")
+    page.fill("#edit-draft-form textarea[name=prompt]", "a fox at dusk, edited")
     page.click("#edit-draft-form button[type=submit]")
     page.wait_for_selector("#draft-form")
     walk.landed("project page after edit")
     first.refresh_from_db()
-    assert first.prompt == "a fox in the snow, edited" and len(first.references) == 1
+    assert first.prompt == "a fox at dusk, edited" and len(first.references) == 1
 
     # 5. start two of them; the first runs (one slot), the second waits; cancel the running one
     page.wait_for_selector("body[data-live='1']")
@@ -160,10 +174,6 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     assert not AlbumItem.objects.filter(job=running).exists()
 
     # 6. a detached job at the remote fake provider, cancelled from its project page
-    remote = make_provider(owner, name="RH fake", family="runninghub", concurrency=1)
-    remote.api_key = "rh-test-key-123"
-    remote.base_url = f"{fake_remote.url}/openapi/v2"
-    remote.save()
     remote_project = make_project(owner, remote, name="Remote", model="workflow")
     params = {"workflow_id": "1987", "prompt_node": {"nodeId": "6", "fieldName": "text"}}
     [detached] = make_drafts(remote_project, 1, params=params)
