@@ -15,7 +15,7 @@ from django.conf import settings
 from queue_app import services
 from queue_app.models import AlbumItem, Job, Project, Status
 from tests import procs
-from tests.factories import make_drafts, make_project
+from tests.factories import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.test_browser import log_in
 
@@ -148,32 +148,47 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     assert all(len(job.references) == 1 for job in drafts), [job.references for job in drafts]
     walk.landed("drafts added").shot("drafts")
 
-    # 4. edit one
-    first = drafts[0]
-    page.click(f"#drafts tr[data-job='{first.id}'] a:text('Edit')")
+    # 4. edit one: a new prompt, and another provider for it alone (one that fails every call);
+    #    the provider change refreshes the fields in place and keeps what was typed
+    flaky = make_provider(owner, name="Flaky", fail_rate=1, fail_kind="permanent")
+    dusk, rain, snow = drafts
+    page.click(f"#drafts tr[data-job='{dusk.id}'] a:text('Edit')")
     page.wait_for_selector("#edit-draft-form")
     walk.landed("draft edit")
     page.fill("#edit-draft-form textarea[name=prompt]", "a fox at dusk, edited")
+    page.select_option("#edit-draft-form select[name=provider]", str(flaky.id))
+    page.wait_for_function(
+        f"document.querySelector('#edit-draft-form select[name=provider]').value === '{flaky.id}'"
+        " && !!document.querySelector('#edit-draft-form select[name=model]')"
+    )
+    assert page.input_value("#edit-draft-form textarea[name=prompt]") == "a fox at dusk, edited"
+    walk.shot("draft-edit")
     page.click("#edit-draft-form button[type=submit]")
     page.wait_for_selector("#draft-form")
     walk.landed("project page after edit")
-    first.refresh_from_db()
-    assert first.prompt == "a fox at dusk, edited" and len(first.references) == 1
+    dusk.refresh_from_db()
+    assert (dusk.prompt, dusk.provider_id, len(dusk.references)) == ("a fox at dusk, edited", flaky.id, 1)
 
-    # 5. start two of them; the first runs (one slot), the second waits; cancel the running one
+    # 5. start them: the edited one fails, one of the others runs (one slot) while the last waits;
+    #    cancel the running one
     page.wait_for_selector("body[data-live='1']")
-    for job in drafts[:2]:
+    for job in drafts:
         page.check(f"#drafts tr[data-job='{job.id}'] input[name=job]")
     page.click("#start-selected")
-    running, waiting = drafts[0], drafts[1]
-    page.wait_for_selector(f"#queue tr[data-job='{running.id}'][data-state='running']", timeout=45_000)
+    either = ", ".join(f"#queue tr[data-job='{job.id}'][data-state='running']" for job in (rain, snow))
+    row = page.wait_for_selector(either, timeout=45_000)
+    running_id = row.get_attribute("data-job")
+    running, waiting = (rain, snow) if running_id == str(rain.id) else (snow, rain)
     walk.landed("started").shot("running")
     page.click(f"#queue tr[data-job='{running.id}'] button[data-cancel]")
     page.wait_for_selector(f"#queue tr[data-job='{running.id}'][data-state='cancelled']")
     wait_until(lambda: Job.objects.get(id=waiting.id).status == Status.COMPLETED, "the waiting job to complete")
+    page.wait_for_selector(f"#queue tr[data-job='{dusk.id}'][data-state='failed']")
+    walk.shot("cancelled-and-failed")
     running.refresh_from_db()
     assert running.status == Status.FAILED and running.error_class == "cancelled"
     assert not AlbumItem.objects.filter(job=running).exists()
+    assert Job.objects.get(id=dusk.id).status == Status.FAILED
 
     # 6. a detached job at the remote fake provider, cancelled from its project page
     remote_project = make_project(owner, remote, name="Remote", model="workflow")
@@ -187,15 +202,22 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     page.click(f"#queue tr[data-job='{detached.id}'] button[data-cancel]")
     page.wait_for_selector(f"#queue tr[data-job='{detached.id}'][data-state='cancelled']")
     assert task_id and fake_remote.cancelled == [task_id]  # the provider was told
+    walk.goto("/queue/").shot("monitor")
+    walk.goto("/providers/").shot("providers")
 
-    # 7. the job page of the cancelled (failed) job: retry it there; it completes live
-    walk.goto(f"/jobs/{running.id}/")
-    assert "cancelled" in page.inner_text("#job-error")
-    walk.shot("job-cancelled")
+    # 7. the failure: mend its provider on its page, then retry the job from the job page
+    walk.goto(f"/providers/{flaky.id}/")
+    page.fill("#id_opt_demo_fail_rate", "0")
+    page.click("#provider-form button[type=submit]")
+    page.wait_for_selector("#test-key")
+    walk.goto(f"/jobs/{dusk.id}/")
+    assert page.inner_text("#job-error")
+    walk.shot("job-failed")
     page.click("#job-retry")
     walk.landed("job retried")
-    wait_until(lambda: Job.objects.get(id=running.id).status == Status.COMPLETED, "the retried job to complete")
+    wait_until(lambda: Job.objects.get(id=dusk.id).status == Status.COMPLETED, "the retried job to complete")
     page.wait_for_selector("#outputs a[data-lightbox], #outputs img", timeout=30_000)
+    assert page.locator("#attempts [data-attempt]").count() == 2  # numbered across the retry
     walk.landed("job completed").shot("job-completed")
 
     # 8. the album's lightbox on the project page
