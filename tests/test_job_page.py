@@ -145,3 +145,17 @@ def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_
             browser.close()
     finally:
         web.stop()
+
+
+def test_a_cancelled_job_says_cancelled_once(signed_in, owner):
+    from queue_app import services
+
+    provider = make_provider(owner)
+    Provider.objects.filter(id=provider.id).update(paused=True)  # the job stays pending
+    project = make_project(owner, provider)
+    [job] = make_drafts(project)
+    services.jobs_start(user=owner, project=project, job_ids=[job.id])
+    services.jobs_cancel(user=owner, job_ids=[job.id])
+    html = signed_in.get(f"/jobs/{job.id}/").content.decode()
+    error = html[html.index('id="job-error"') : html.index("</p>", html.index('id="job-error"'))]
+    assert error.count("cancelled") == 1, error
