@@ -7,6 +7,7 @@ zip, delete. Screenshots of every step stay in var/screenshots/walkthrough/; at 
 page visited scrolls sideways."""
 
 import io
+import os
 import zipfile
 
 import pytest
@@ -241,7 +242,9 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     assert len(names) == AlbumItem.objects.filter(project=project).count() == 2
     walk.shot("album")
 
-    # 10. delete the project
+    # 10. delete the project: its jobs, album and files go
+    files = [item.file.path for item in AlbumItem.objects.filter(project=project)]
+    assert len(files) == 2 and all(os.path.exists(path) for path in files)
     walk.goto(f"/projects/{project.id}/delete")
     walk.shot("delete")
     page.click("main form button[type=submit]")
@@ -249,4 +252,5 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     walk.landed("/projects/ after delete").shot("deleted")
     assert not Project.objects.filter(id=project.id).exists()
     assert not AlbumItem.objects.filter(project_id=project.id).exists()
+    assert not any(os.path.exists(path) for path in files)
     context.close()
