@@ -228,7 +228,11 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     page.wait_for_selector("#lightbox[open]")
     assert page.is_visible("#lb-stage img")
     walk.landed("lightbox").shot("lightbox")
+    assert page.inner_text("#lb-count") == "1 / 2"
     page.click("#lb-next")
+    page.wait_for_function("document.getElementById('lb-count').textContent === '2 / 2'")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("document.getElementById('lb-count').textContent === '1 / 2'")
     page.keyboard.press("Escape")
     page.wait_for_selector("#lightbox:not([open])", state="attached")
 
