@@ -630,6 +630,8 @@ def job_detail(job: Job, *, user, now=None) -> dict:
     row = job_row(job, providers=providers, live=live, now=now, attempts=attempts)
     snap = job.resolved or {}
     snapshot = [(label, snap.get(key)) for key, label in SNAPSHOT_FIELDS if snap.get(key) not in (None, "")]
+    if snap.get("model_alias_of"):  # an alias reads as what it resolved to
+        snapshot = [(label, f"{value} → {snap['model_alias_of']}" if label == "Model" else value) for label, value in snapshot]
     outputs = list(job.album_items.order_by("output_index", "id"))
     return {
         "job": job,

@@ -59,6 +59,17 @@ def test_the_job_page_shows_the_resolved_snapshot_outputs_and_layers(signed_in, 
     assert 'data-attempt="1"' in html and attempt.worker in html
 
 
+def test_a_model_alias_reads_as_the_model_it_stood_for(signed_in, owner, inline_tasks):
+    provider = make_provider(owner)
+    Provider.objects.filter(id=provider.id).update(model_aliases={"house": "demo-image"})
+    project = make_project(owner, provider, model="house")
+    [job] = make_drafts(project)
+    assert run_job(signed_in, project, inline_tasks, job).status == Status.COMPLETED
+    Provider.objects.filter(id=provider.id).update(model_aliases={"house": "demo-layers"})  # later edits change nothing
+    snapshot = dict(signed_in.get(f"/jobs/{job.id}/").context["snapshot"])
+    assert snapshot["Model"] == "house → demo-image"
+
+
 def test_a_detached_job_shows_its_remote_task_id(signed_in, owner, inline_tasks):
     provider = make_provider(owner, mode="async", latency_ms=60_000)
     project = make_project(owner, provider)
@@ -134,3 +145,17 @@ def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_
             browser.close()
     finally:
         web.stop()
+
+
+def test_a_cancelled_job_says_cancelled_once(signed_in, owner):
+    from queue_app import services
+
+    provider = make_provider(owner)
+    Provider.objects.filter(id=provider.id).update(paused=True)  # the job stays pending
+    project = make_project(owner, provider)
+    [job] = make_drafts(project)
+    services.jobs_start(user=owner, project=project, job_ids=[job.id])
+    services.jobs_cancel(user=owner, job_ids=[job.id])
+    html = signed_in.get(f"/jobs/{job.id}/").content.decode()
+    error = html[html.index('id="job-error"') : html.index("</p>", html.index('id="job-error"'))]
+    assert error.count("cancelled") == 1, error

@@ -31,6 +31,8 @@ def build(job, project, provider) -> dict:
         "family": family,
         "kind": spec.kind if spec and kind != "comfyui" else kind,
         "model": model,
+        # the catalogue model a provider's alias stood for when claimed (the job page shows it)
+        "model_alias_of": ((provider.model_aliases or {}).get(model) or "") if provider else "",
         "aspect_ratio": pick("aspect_ratio", "aspect_ratios"),
         "quality": pick("quality", "qualities"),
         "resolution": pick("resolution", "resolutions"),

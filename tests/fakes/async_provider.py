@@ -10,6 +10,8 @@ It speaks RunningHub's v2 shapes (../shared/providers/runninghub.md):
 - `immediate=True`: the submit answers SUCCESS with its results at once (no polling);
 - `POST /task/openapi/cancel` with `{"apiKey", "taskId"}` → `{"code": 0}`; the task then
   answers CANCEL, and its id is listed in `cancelled`.
+- `GET /openapi/v2/queue/status` (the Test key probe) → the account's queue counts, or
+  errorCode 412 (TOKEN_INVALID) when `api_key` is set and the bearer is another key.
 Everything it saw is counted, so a test can assert that nothing was submitted twice.
 
 Use it as a context manager; `url` is its base (`http://127.0.0.1:<port>`), so tests put
@@ -41,7 +43,9 @@ class FakeAsyncProvider:
         fail_code: str = "",
         file: tuple[bytes, str] | None = None,
         immediate: bool = False,
+        api_key: str = "",
     ):
+        self.api_key = api_key
         self.polls_before_done = polls_before_done
         self.file = file
         self.immediate = immediate
@@ -165,6 +169,14 @@ class FakeAsyncProvider:
                 self._json(404, {"error": "not found"})
 
             def do_GET(self):
+                if self.path == "/openapi/v2/queue/status":
+                    fake.hits["queue_status"] += 1
+                    bearer = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                    if not bearer or (fake.api_key and bearer != fake.api_key):
+                        return self._json(200, {"code": 412, "msg": "TOKEN_INVALID", "data": None})
+                    running = sum(1 for task_id in fake.tasks if task_id not in fake.cancelled)
+                    counts = {"apiKeyType": "enterprise", "concurrentLimit": 1, "runningCount": running, "queuedCount": 0}
+                    return self._json(200, {"code": 0, "msg": "success", "data": counts | {"totalCurrentTasks": running}})
                 if self.path.startswith("/files/"):
                     fake.hits["download"] += 1
                     n = int(self.path.rsplit("/", 1)[-1].split(".")[0])
