@@ -6,7 +6,6 @@ the file input.
 """
 
 import io
-import os
 import time
 
 import pytest
@@ -239,13 +238,9 @@ def test_the_resolved_snapshot_uses_the_drafts_provider(owner, project, inline_t
 
 @pytest.mark.browser
 @pytest.mark.processes
-def test_typing_survives_a_model_change_and_a_save_and_a_reference_uploads_by_the_file_input(owner, tmp_path):
+def test_typing_survives_a_model_change_and_a_save_and_a_reference_uploads_by_the_file_input(owner, tmp_path, chromium):
     from tests import procs
-    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
-
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
+    from tests.test_browser import log_in
 
     provider = make_provider(owner)
     project = make_project(owner, provider, name="Typing")
@@ -253,28 +248,25 @@ def test_typing_survives_a_model_change_and_a_save_and_a_reference_uploads_by_th
     picture.write_bytes(png_bytes())
     web = procs.daphne(tmp_path / "logs")
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page()
-            page.set_default_timeout(30_000)
-            log_in(page, web.url, owner)
-            page.goto(f"{web.url}/projects/{project.id}/")
-            page.evaluate("window.__sameDocument = 'yes'")
-            page.fill("#draft-form textarea[name=prompt]", "a fox\nan owl")
-            page.select_option("#draft-form select[name=model]", "demo-layers")
-            swapped = "#draft-form select[name=model] option[value=demo-layers][selected]"
-            page.wait_for_function(f"!!document.querySelector('{swapped}')")
-            assert page.input_value("#draft-form textarea[name=prompt]") == "a fox\nan owl"
-            assert page.evaluate("window.__sameDocument") == "yes"
-            page.check("#per-line")
-            page.set_input_files("#draft-form input[name=reference_files]", str(picture))
-            # the save is held back a moment, and the user keeps typing meanwhile
-            page.route("**/drafts", lambda route: (time.sleep(1), route.continue_()))
-            page.click("#draft-form button[type=submit]")
-            page.type("#draft-form textarea[name=prompt]", " and a hare")
-            page.wait_for_function("document.querySelectorAll('#drafts tr[data-job] img.ref-thumb').length === 2")
-            assert page.input_value("#draft-form textarea[name=prompt]") == "a fox\nan owl and a hare"
-            browser.close()
+        page = chromium.new_page()
+        page.set_default_timeout(30_000)
+        log_in(page, web.url, owner)
+        page.goto(f"{web.url}/projects/{project.id}/")
+        page.evaluate("window.__sameDocument = 'yes'")
+        page.fill("#draft-form textarea[name=prompt]", "a fox\nan owl")
+        page.select_option("#draft-form select[name=model]", "demo-layers")
+        swapped = "#draft-form select[name=model] option[value=demo-layers][selected]"
+        page.wait_for_function(f"!!document.querySelector('{swapped}')")
+        assert page.input_value("#draft-form textarea[name=prompt]") == "a fox\nan owl"
+        assert page.evaluate("window.__sameDocument") == "yes"
+        page.check("#per-line")
+        page.set_input_files("#draft-form input[name=reference_files]", str(picture))
+        # the save is held back a moment, and the user keeps typing meanwhile
+        page.route("**/drafts", lambda route: (time.sleep(1), route.continue_()))
+        page.click("#draft-form button[type=submit]")
+        page.type("#draft-form textarea[name=prompt]", " and a hare")
+        page.wait_for_function("document.querySelectorAll('#drafts tr[data-job] img.ref-thumb').length === 2")
+        assert page.input_value("#draft-form textarea[name=prompt]") == "a fox\nan owl and a hare"
     finally:
         web.stop()
     jobs = list(Job.objects.filter(project=project).order_by("prompt"))

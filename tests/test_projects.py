@@ -238,74 +238,65 @@ def test_site_url_follows_port():
 
 @pytest.mark.browser
 @pytest.mark.processes
-def test_a_new_user_adds_a_provider_tests_it_creates_and_deletes_a_project_in_chromium(owner, tmp_path):
-    import os
-
+def test_a_new_user_adds_a_provider_tests_it_creates_and_deletes_a_project_in_chromium(owner, tmp_path, chromium):
     from tests import procs
-    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
-
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium")
-    from playwright.sync_api import sync_playwright
+    from tests.test_browser import log_in
 
     web = procs.daphne(tmp_path / "logs", REDIS_URL="")
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(30_000)
-            base = web.url
-            log_in(page, base, owner)
-            assert "No projects yet" in page.inner_text("#project-list")
-            # a provider, its options shown for its family only
-            page.goto(f"{base}/providers/new")
-            page.fill("#id_name", "My demo")
-            page.select_option("#id_family", "demo")
-            assert page.is_visible("#id_opt_demo_latency_ms") and not page.is_visible("#id_opt_openai_organization")
-            page.fill("#id_opt_demo_latency_ms", "50")
-            page.fill("input[name=alias]", "house")
-            page.fill("input[name=alias_model]", "demo-image")
-            page.click("#provider-form button[type=submit]")
-            page.wait_for_selector("#test-key")
-            page.click("#test-key button")
-            page.wait_for_selector("text=Test key: ok")
-            shots = settings.BASE_DIR / "var" / "screenshots"
-            shots.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shots / "provider-1400.png"), full_page=True)
-            provider = owner.providers.get()
-            assert (provider.options, provider.model_aliases) == ({"latency_ms": 50}, {"house": "demo-image"})
-            # a project on it
-            page.goto(f"{base}/projects/")
-            page.click("#new-project")
-            page.fill("#id_name", "Foxes")
-            page.select_option("#id_provider_id", str(provider.id))
-            page.fill("#id_model", "house")
-            page.click("#project-form button[type=submit]")
-            page.wait_for_selector("#storage-usage")
-            project = Project.objects.get(owner=owner)
-            assert page.url == f"{base}/projects/{project.id}/" and project.model == "house"
-            page.screenshot(path=str(shots / "project-created-1400.png"), full_page=True)
-            # what a start would reserve, for all drafts and for the ticked ones
-            make_drafts(project, 3)
-            page.reload()
-            assert "Starting all 3 drafts would reserve 75 MB" in page.inner_text("#storage-start")
-            page.locator("#drafts input[name=job]").nth(0).check()
-            page.locator("#drafts input[name=job]").nth(1).check()
-            assert page.inner_text("#storage-selected") == "Starting the 2 selected would reserve 50 MB."
-            # the new pages' content fits a phone (390 px) (the header and tables: the phone layout's work)
-            page.set_viewport_size({"width": 390, "height": 844})
-            rightmost = "Math.max(...[...document.querySelectorAll('main *')].map((e) => e.getBoundingClientRect().right))"
-            for path in (f"/providers/{provider.id}/", "/projects/new", f"/projects/{project.id}/edit"):
-                page.goto(base + path)
-                assert page.evaluate(rightmost) <= 390, path
-            page.screenshot(path=str(shots / "project-edit-390.png"), full_page=True)
-            page.set_viewport_size({"width": 1400, "height": 900})
-            # and gone again
-            page.goto(f"{base}/projects/{project.id}/delete")
-            assert "This deletes 3 jobs and 0 album items" in " ".join(page.inner_text("#delete-summary").split())
-            page.click("main form button[type=submit]")
-            page.wait_for_url(f"{base}/projects/")
-            assert not Project.objects.exists()
-            browser.close()
+        page = chromium.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(30_000)
+        base = web.url
+        log_in(page, base, owner)
+        assert "No projects yet" in page.inner_text("#project-list")
+        # a provider, its options shown for its family only
+        page.goto(f"{base}/providers/new")
+        page.fill("#id_name", "My demo")
+        page.select_option("#id_family", "demo")
+        assert page.is_visible("#id_opt_demo_latency_ms") and not page.is_visible("#id_opt_openai_organization")
+        page.fill("#id_opt_demo_latency_ms", "50")
+        page.fill("input[name=alias]", "house")
+        page.fill("input[name=alias_model]", "demo-image")
+        page.click("#provider-form button[type=submit]")
+        page.wait_for_selector("#test-key")
+        page.click("#test-key button")
+        page.wait_for_selector("text=Test key: ok")
+        shots = settings.BASE_DIR / "var" / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "provider-1400.png"), full_page=True)
+        provider = owner.providers.get()
+        assert (provider.options, provider.model_aliases) == ({"latency_ms": 50}, {"house": "demo-image"})
+        # a project on it
+        page.goto(f"{base}/projects/")
+        page.click("#new-project")
+        page.fill("#id_name", "Foxes")
+        page.select_option("#id_provider_id", str(provider.id))
+        page.fill("#id_model", "house")
+        page.click("#project-form button[type=submit]")
+        page.wait_for_selector("#storage-usage")
+        project = Project.objects.get(owner=owner)
+        assert page.url == f"{base}/projects/{project.id}/" and project.model == "house"
+        page.screenshot(path=str(shots / "project-created-1400.png"), full_page=True)
+        # what a start would reserve, for all drafts and for the ticked ones
+        make_drafts(project, 3)
+        page.reload()
+        assert "Starting all 3 drafts would reserve 75 MB" in page.inner_text("#storage-start")
+        page.locator("#drafts input[name=job]").nth(0).check()
+        page.locator("#drafts input[name=job]").nth(1).check()
+        assert page.inner_text("#storage-selected") == "Starting the 2 selected would reserve 50 MB."
+        # the new pages' content fits a phone (390 px) (the header and tables: the phone layout's work)
+        page.set_viewport_size({"width": 390, "height": 844})
+        rightmost = "Math.max(...[...document.querySelectorAll('main *')].map((e) => e.getBoundingClientRect().right))"
+        for path in (f"/providers/{provider.id}/", "/projects/new", f"/projects/{project.id}/edit"):
+            page.goto(base + path)
+            assert page.evaluate(rightmost) <= 390, path
+        page.screenshot(path=str(shots / "project-edit-390.png"), full_page=True)
+        page.set_viewport_size({"width": 1400, "height": 900})
+        # and gone again
+        page.goto(f"{base}/projects/{project.id}/delete")
+        assert "This deletes 3 jobs and 0 album items" in " ".join(page.inner_text("#delete-summary").split())
+        page.click("main form button[type=submit]")
+        page.wait_for_url(f"{base}/projects/")
+        assert not Project.objects.exists()
     finally:
         web.stop()
