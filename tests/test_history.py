@@ -10,9 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from queue_app import selectors_history, services
+from queue_app import services
 from queue_app.engine import heartbeats
 from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.selectors import history as selectors_history
 from queue_app.web import charts
 from tests.conftest import make_drafts, make_project, make_provider
 

@@ -7,9 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import selectors_workers, services
+from queue_app import services
 from queue_app.engine import attempts, heartbeats
 from queue_app.models import Heartbeat, Job, JobAttempt, Status
+from queue_app.selectors import workers as selectors_workers
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db

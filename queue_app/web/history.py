@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from queue_app import selectors_history
+from queue_app.selectors import history as selectors_history
 from queue_app.web import charts
 
 CHART_ROWS = 12  # providers with the most attempts in the window get a chart

@@ -23,8 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from queue_app import selectors, selectors_history
+from queue_app import selectors
 from queue_app.models import Heartbeat
+from queue_app.selectors import history as selectors_history
 
 # The whole installation, as staff see it (the selectors only read `is_staff`).
 EVERYONE = SimpleNamespace(is_staff=True, pk=None, is_authenticated=True)

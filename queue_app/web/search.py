@@ -18,8 +18,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, selectors_search, services
+from queue_app import selectors, services
 from queue_app.models import Status
+from queue_app.selectors import search as selectors_search
 from queue_app.web.monitor import back, filters_from, safe_next
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ refreshes its live part like the monitor (`?fragment=1`), with a pause switch.
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from queue_app import selectors_workers
+from queue_app.selectors import workers as selectors_workers
 from queue_app.web.monitor import REFRESH_SECONDS, age
 
 

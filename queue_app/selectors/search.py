@@ -35,12 +35,12 @@ def search_condition(text: str) -> Q:
 def matching_job_ids(*, user, filters: dict, limit: int = BULK_LIMIT) -> list[str]:
     """The ids of every job the monitor's list matches with `filters` (the keyword
     arguments of jobs_page), newest first, at most `limit`."""
-    from queue_app import selectors
+    from queue_app.selectors.queue import jobs_page  # lazy: queue.py imports this module lazily too
 
     ids: list[str] = []
     page = 1
     while len(ids) < limit:
-        chunk = selectors.jobs_page(user=user, page=page, per_page=BULK_PAGE, with_attempts=False, count_limit=limit, **filters)
+        chunk = jobs_page(user=user, page=page, per_page=BULK_PAGE, with_attempts=False, count_limit=limit, **filters)
         ids.extend(row["id"] for row in chunk["jobs"])
         if not chunk["has_next"] or chunk["page"] != page:
             break

@@ -1,0 +1,121 @@
+"""The list/get reads the API and MCP page through: projects, providers and job summaries."""
+
+from django.db.models import Count
+from django.utils import timezone
+
+from queue_app.engine import heartbeats
+from queue_app.models import Job, Project, Provider, Status
+from queue_app.selectors.queue import job_row
+from queue_app.selectors.visibility import visible_jobs, visible_projects, visible_providers
+
+
+def provider_json(provider: Provider) -> dict:
+    """A provider as the API shows it: never the key, at most its last four characters."""
+    return {
+        "id": provider.id,
+        "owner_id": provider.owner_id,
+        "name": provider.name,
+        "family": provider.family,
+        "base_url": provider.base_url,
+        "key_hint": provider.api_key_hint,
+        "has_key": bool(provider.api_key_encrypted),
+        "concurrency": provider.concurrency,
+        "max_attempts": provider.max_attempts,
+        "paused": provider.paused,
+        "paused_reason": provider.paused_reason,
+        "cooldown_until": provider.cooldown_until.isoformat() if provider.cooldown_until else None,
+        "options": provider.options,
+        "model_aliases": provider.model_aliases,
+        "created_at": provider.created_at.isoformat(),
+    }
+
+
+def _project_row(project: Project) -> dict:
+    return {
+        "id": project.id,
+        "name": project.name,
+        "kind": project.kind,
+        "provider_id": project.provider_id,
+        "model": project.model,
+        "aspect_ratio": project.aspect_ratio,
+        "quality": project.quality,
+        "resolution": project.resolution,
+        "format": project.format,
+        "duration": project.duration,
+        "created_at": project.created_at.isoformat(),
+    }
+
+
+def projects_after(*, user, after_id: int = 0, limit: int = 50) -> dict:
+    """One page of projects by id (keyset: the cost is the page, never the offset)."""
+    rows = list(visible_projects(user).filter(id__gt=after_id).order_by("id")[: limit + 1])
+    page = [_project_row(project) for project in rows[:limit]]
+    return {"projects": page, "next_after": page[-1]["id"] if len(rows) > limit else None}
+
+
+def project_detail(*, user, project_id: int) -> dict | None:
+    """A project with its job counts per status (one grouped query)."""
+    project = visible_projects(user).filter(id=project_id).first()
+    if project is None:
+        return None
+    counts = dict(Job.objects.filter(project=project).values_list("status").annotate(n=Count("id")).order_by())
+    return {**_project_row(project), "jobs": {status: counts.get(status, 0) for status in Status.values}}
+
+
+def providers_after(*, user, after_id: int = 0, limit: int = 50) -> dict:
+    """One page of provider records by id, with their active slots (two queries)."""
+    providers = Provider.objects.all() if user.is_staff else Provider.objects.filter(owner=user)
+    rows = list(providers.filter(id__gt=after_id).order_by("id")[: limit + 1])
+    page = rows[:limit]
+    active = dict(
+        Job.objects.filter(status=Status.PROCESSING, active_provider_id__in=[p.id for p in page])
+        .values_list("active_provider_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    now = timezone.now()
+    items = [
+        {
+            "id": p.id,
+            "name": p.name,
+            "family": p.family,
+            "paused": p.paused,
+            "paused_reason": p.paused_reason,
+            "cooling_down": bool(p.cooldown_until and p.cooldown_until > now),
+            "concurrency": p.concurrency,
+            "max_attempts": p.max_attempts,
+            "active_slots": active.get(p.id, 0),
+            "key_set": bool(p.api_key_encrypted),
+        }
+        for p in page
+    ]
+    return {"providers": items, "next_after": page[-1].id if len(rows) > limit else None}
+
+
+def job_summary(*, user, job_id) -> dict | None:
+    """One job as the job page shows it: its row (derived state, resolved settings),
+    attempts and album outputs."""
+    job = visible_jobs(user).select_related("project").filter(id=job_id).first()
+    if job is None:
+        return None
+    now = timezone.now()
+    row = job_row(
+        job, providers=visible_providers(user), live=heartbeats.liveness(now=now), now=now, attempts=job.attempt_log.all()
+    )
+    row["resolved"] = job.resolved
+    row["outputs"] = [
+        {
+            "id": item.id,
+            "index": item.output_index,
+            "role": item.role,
+            "kind": item.kind,
+            "content_type": item.content_type,
+            "size": item.size,
+            "width": item.width,
+            "height": item.height,
+            "text": item.text if item.kind == "text" else None,
+            "has_file": bool(item.file),
+        }
+        for item in job.album_items.order_by("output_index")
+    ]
+    return row

@@ -1,0 +1,20 @@
+"""The error every write service raises with a sentence for the user, and the bound check."""
+
+from django.core.exceptions import ValidationError
+
+
+class ServiceError(Exception):
+    """A refusal with a message meant for the user; `code` maps to an HTTP status."""
+
+    def __init__(self, message: str, code: int = 400):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def within_limits(check, value) -> None:
+    """Run one of queue_app.limits' checks; its refusal becomes a ServiceError."""
+    try:
+        check(value)
+    except ValidationError as error:
+        raise ServiceError(" ".join(error.messages)) from None
