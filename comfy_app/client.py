@@ -89,11 +89,9 @@ class ComfyClient:
 
     @property
     def address(self) -> str:
-        """The address as messages may show it: without credentials in it."""
-        parts = urlsplit(self.base_url)
-        if not (parts.username or parts.password):
-            return self.base_url
-        return parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+        """The address as messages may show it: scheme://host[:port], without credentials,
+        path or query (a token can sit in any of them)."""
+        return crypto.origin(self.base_url)
 
     def secret_forms(self) -> list[list[str]]:
         """Every credential of this instance as it could come back in its answers: the

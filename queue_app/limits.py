@@ -109,6 +109,8 @@ def check_json(value, *, label: str, max_bytes: int, max_depth: int) -> None:
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValidationError(f"{label} holds text that is not valid Unicode", code="limit") from None
+            if "\x00" in item:  # PostgreSQL stores no NUL in text or jsonb: refuse it here, not with a 500
+                raise ValidationError(f"{label} holds a NUL character (\\u0000), which cannot be stored", code="limit")
         elif item is not None and not isinstance(item, bool | int | float):
             raise ValidationError(f"{label} holds a value JSON cannot carry", code="limit")
     size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))

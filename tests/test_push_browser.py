@@ -126,3 +126,59 @@ def test_the_preferences_page_subscribes_this_browser_with_a_registered_service_
     # Code under Playwright's sync API runs in its own context, with its own database
     # connection; close it, or PostgreSQL cannot drop the test database.
     connections.close_all()
+
+
+NOTIFICATIONS = """async (tag) => {
+    const reg = await navigator.serviceWorker.ready;
+    return (await reg.getNotifications(tag ? { tag } : {})).map((n) => ({ tag: n.tag, body: n.body, run: n.data.run }));
+}"""
+
+
+def test_a_runs_notification_is_shown_once_even_when_its_push_arrives_twice(chromium, web, owner):
+    base = web.url
+    context = chromium.new_context()
+    context.grant_permissions(["notifications"], origin=base)
+    page = context.new_page()
+    page.goto(f"{base}/accounts/login/?next=/account/preferences/")
+    page.fill("input[name=username]", owner.username)
+    page.fill("input[name=password]", "pw-" + owner.username)
+    page.click("main button[type=submit]")
+    page.wait_for_url(f"{base}/account/preferences/")
+    page.wait_for_selector('#push-state[data-state="off"]', timeout=20_000)
+    cdp = context.new_cdp_session(page)
+    registrations = []
+    cdp.on("ServiceWorker.workerRegistrationUpdated", lambda event: registrations.extend(event["registrations"]))
+    cdp.send("ServiceWorker.enable")
+    deadline = time.monotonic() + 20
+    while not any(not r.get("isDeleted") for r in registrations) and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    [registration_id] = {r["registrationId"] for r in registrations if not r.get("isDeleted")}
+
+    def deliver_until_shown(payload):
+        # Redelivers every few seconds (a push to a starting worker can be dropped); the
+        # same run is shown once, so redelivery cannot make a second notification.
+        shown, deadline, delivered_at = [], time.monotonic() + 30, 0.0
+        while not shown and time.monotonic() < deadline:
+            if time.monotonic() - delivered_at > 5:
+                data = json.dumps(payload)
+                cdp.send("ServiceWorker.deliverPushMessage", {"origin": base, "registrationId": registration_id, "data": data})
+                delivered_at = time.monotonic()
+            shown = page.evaluate(NOTIFICATIONS, payload["tag"])
+            if not shown:
+                page.wait_for_timeout(100)
+        return shown
+
+    first = {"title": "Foxes is done", "body": "run 1", "tag": "project-7", "run": 1}
+    assert deliver_until_shown(first) == [{"tag": "project-7", "body": "run 1", "run": 1}]
+    # The user dismisses it; the sender (killed mid-send) then sends the same run again.
+    page.evaluate("async () => (await (await navigator.serviceWorker.ready).getNotifications()).forEach((n) => n.close())")
+    cdp.send("ServiceWorker.deliverPushMessage", {"origin": base, "registrationId": registration_id, "data": json.dumps(first)})
+    # A later push on another tag shows the worker has handled the duplicate by then.
+    assert deliver_until_shown({"title": "Probe", "body": "probe", "tag": "probe"})
+    page.wait_for_timeout(500)
+    assert page.evaluate(NOTIFICATIONS, "project-7") == []
+    # The next run of the same project is a new notification.
+    second = {**first, "body": "run 2", "run": 2}
+    assert deliver_until_shown(second) == [{"tag": "project-7", "body": "run 2", "run": 2}]
+    context.close()
+    connections.close_all()

@@ -239,3 +239,41 @@ def test_the_log_format_cuts_every_url_to_its_host():
         record.exc_info = sys.exc_info()
     line = formatter.format(record)
     assert "SIGNATURE0123456789" not in line and "https://cdn.example.com/[…]" in line and "job j-1" in line
+
+
+def test_a_decrypted_key_quoted_by_an_exception_never_reaches_the_log_output():
+    formatter = next(
+        handler.formatter for handler in logging.getLogger().handlers if isinstance(handler.formatter, crypto.RedactingFormatter)
+    )
+    key = crypto.decrypt(crypto.encrypt("sk-proj-TRACEBACKKEY0123456789"))  # as a provider's key is read
+    try:
+        raise RuntimeError(f"Incorrect API key provided: {key}")
+    except RuntimeError:
+        import sys
+
+        record = logging.LogRecord("queue_app", logging.ERROR, __file__, 1, "submit failed", (), exc_info=sys.exc_info())
+    line = formatter.format(record)
+    assert "RuntimeError: Incorrect API key provided: [redacted]" in line
+    assert "TRACEBACKKEY" not in line and "0123456789" not in line
+
+
+def test_an_unreachable_comfyui_message_shows_only_scheme_host_and_port(settings):
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
+    address = "http://user:secret-pass@127.0.0.1:9/proxy?token=tok-secret-123"
+    with pytest.raises(comfy.Unreachable) as unreachable:
+        comfy.ComfyClient(address).queue()
+    message = str(unreachable.value)
+    assert "Cannot reach ComfyUI at http://127.0.0.1:9 (" in message
+    assert "secret" not in message and "user" not in message and "/proxy" not in message
+    assert crypto.origin(address) == "http://127.0.0.1:9" and crypto.origin("not a url") == "[address]"
+
+
+@pytest.mark.parametrize("url", ["http://user:secret-pw@[::1", "user:secret-pw@host/x", "http://user:secret-pw@host:99999/?t=1"])
+def test_a_refused_url_is_quoted_without_its_credentials(url):
+    with pytest.raises(net.UnsafeURL) as refused:
+        net.check_url(url)
+    assert "secret-pw" not in str(refused.value)
+
+
+def test_the_log_format_drops_credentials_in_an_address():
+    assert crypto.scrub_urls("at http://user:secret-pw@host:8188 now") == "at http://host:8188 now"

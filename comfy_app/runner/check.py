@@ -34,6 +34,7 @@ from queue_app.engine.attempts import Outcome, attempt_record
 from queue_app.engine.leases import lease_reissue
 from queue_app.engine.results import fail_checked
 from queue_app.models import Job, Status
+from queue_app.providers import crypto
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +191,9 @@ def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now)
     if now - since < UNREACHABLE_LIMIT:
         return 0
     minutes = int((now - since).total_seconds() // 60)
+    address = crypto.origin(instance.base_url)
     message = (
-        f"ComfyUI at {instance.base_url} has been unreachable for {minutes} minutes ({reason.split('(')[-1].rstrip(')')}). "
+        f"ComfyUI at {address} has been unreachable for {minutes} minutes ({reason.split('(')[-1].rstrip(')')}). "
         "A rented instance gets a new address when it restarts: check the address in the project's ComfyUI settings, "
         "then retry the job (a finished prompt is collected, not generated again)."
     )
@@ -205,7 +207,7 @@ def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now)
             transitions.job_requeue(
                 run.job_id,
                 run.job.lease_token,
-                reason=f"waiting for ComfyUI at {instance.base_url}: {reason}",
+                reason=f"waiting for ComfyUI at {crypto.origin(instance.base_url)}: {reason}",
                 error_class="transient",
                 refund_attempt=True,
             )

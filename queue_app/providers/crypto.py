@@ -21,11 +21,19 @@ def encrypt(plaintext: str) -> str:
     return _fernet(settings.FIELD_ENCRYPTION_KEY).encrypt(plaintext.encode()).decode()
 
 
+# Every secret this process has decrypted: the log formatter redacts them from every
+# record, tracebacks included (an exception message can quote a provider's key).
+_seen_secrets: set[str] = set()
+
+
 def decrypt(token: str) -> str:
     if not token:
         return ""
     try:
-        return _fernet(settings.FIELD_ENCRYPTION_KEY).decrypt(token.encode()).decode()
+        secret = _fernet(settings.FIELD_ENCRYPTION_KEY).decrypt(token.encode()).decode()
+        if len(secret) >= 6:
+            _seen_secrets.add(secret)
+        return secret
     except InvalidToken:
         # A rotated key must not crash pages; the provider simply has no usable key.
         return ""
@@ -151,14 +159,38 @@ _URL_TAIL = re.compile(r"(\bhttps?://[^/\s'\"?#<>]+)[/?#][^\s'\"<>)]*")
 _URLLIB3_URL = re.compile(r"(with url: )[^\s()]+")
 
 
+# Credentials in a URL's authority ("http://user:password@host").
+_URL_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/\s'\"?#<>@]*@", re.IGNORECASE)
+
+
 def scrub_urls(text: str) -> str:
-    """`text` with every URL cut to its scheme and host."""
+    """`text` with every URL cut to its scheme and host (credentials in it dropped)."""
+    text = _URL_USERINFO.sub(r"\1", text)
     return _URLLIB3_URL.sub(r"\1[…]", _URL_TAIL.sub(r"\1/[…]", text))
+
+
+def origin(url: str) -> str:
+    """What a message may show of an address: scheme://host[:port] — no credentials, path
+    or query (a token can sit in any of them)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit((url or "").strip())
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "[address]"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}{port}" if parts.scheme and host else "[address]"
 
 
 class RedactingFormatter(logging.Formatter):
     """The log format of every process: tracebacks and messages are scrubbed of URL paths
-    and queries (an exception from a download names the signed URL it failed on)."""
+    and queries (an exception from a download names the signed URL it failed on) and of
+    every secret this process has decrypted (an exception can quote a provider's key)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return scrub_urls(super().format(record))
+        text = scrub_urls(super().format(record))
+        secrets = list(_seen_secrets)
+        return redact(text, secrets) if secrets else text

@@ -121,6 +121,11 @@ def _resolve(host: str, port: int) -> list[str]:
     return [info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)]
 
 
+def _shown(url: str) -> str:
+    """A refused URL as a message may quote it: no credentials, path or query."""
+    return scrub_urls(url).rsplit("@", 1)[-1][:80]
+
+
 def check_url(url: str) -> None:
     """Raise UnsafeURL unless `url` may be fetched. Resolves the host: every address it
     resolves to must be public (a name that also points inside is refused)."""
@@ -128,13 +133,13 @@ def check_url(url: str) -> None:
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
     except ValueError:  # "http://[::1": an unparseable URL is a refusal, not a crash
-        raise UnsafeURL(f"not a valid URL: {url[:80]!r}") from None
+        raise UnsafeURL(f"not a valid URL: {_shown(url)!r}") from None
     if not host:
-        raise UnsafeURL(f"not an absolute URL: {url[:80]!r}")
+        raise UnsafeURL(f"not an absolute URL: {_shown(url)!r}")
     try:
         port = parts.port
     except ValueError:
-        raise UnsafeURL(f"bad port in {url[:80]!r}") from None
+        raise UnsafeURL(f"bad port in {_shown(url)!r}") from None
     plain_http_allowed = settings.OUTBOUND_ALLOW_HTTP or _allowlisted(host, port, scheme="http")
     if parts.scheme != "https" and not (parts.scheme == "http" and plain_http_allowed):
         raise UnsafeURL(f"only https URLs are allowed, not {parts.scheme!r}")

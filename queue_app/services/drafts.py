@@ -39,6 +39,8 @@ def jobs_create_drafts(
         raise ServiceError("a prompt is required")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    if "\x00" in prompt:  # PostgreSQL cannot store it: a clear error, not a 500
+        raise ServiceError("the prompt contains a NUL character (\\x00), which cannot be stored")
     if not isinstance(quantity, int) or isinstance(quantity, bool) or not 1 <= quantity <= MAX_DRAFTS_PER_REQUEST:
         raise ServiceError(f"quantity must be a whole number from 1 to {MAX_DRAFTS_PER_REQUEST}")
     prompts = [line.strip() for line in prompt.splitlines() if line.strip()] if per_line else [prompt]
@@ -132,6 +134,8 @@ def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settin
         raise ServiceError("a prompt is required")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    if "\x00" in prompt:  # PostgreSQL cannot store it: a clear error, not a 500
+        raise ServiceError("the prompt contains a NUL character (\\x00), which cannot be stored")
     draft_provider_check(user=user, project=job.project, provider=provider)
     values = draft_values(user=user, settings_=settings_)
     draft_default_model(project=job.project, provider=provider, values=values)
