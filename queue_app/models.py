@@ -281,7 +281,7 @@ class JobAttempt(models.Model):
     class Meta:
         ordering = ["job", "number", "id"]
         # The monitor's history and the 5-minute failure rate read time windows of the
-        # log (selectors_history); without these every refresh scanned all of it.
+        # log (selectors/history.py); without these every refresh scanned all of it.
         indexes = [
             models.Index(fields=["finished_at"], name="attempt_finished"),
             models.Index(fields=["started_at"], name="attempt_started"),

@@ -15,7 +15,7 @@ The job list filters with the SQL side (`condition`), a job row names its state 
 Python side (`of_job`), and the queue status groups with `processing_state_sql` and reads
 the waiting reason with `waiting_reason`. Keep each pair together when a rule changes;
 tests/test_status.py::test_every_filter_state_counts_what_its_rows_say checks they agree.
-Reads only: callers are selectors.py (the one read module) and nothing else.
+Reads only: callers are the selectors package (the one read home) and nothing else.
 """
 
 from django.db.models import Case, CharField, Q, Value, When

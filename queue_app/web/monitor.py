@@ -72,7 +72,7 @@ def filters_from(query) -> dict:
         "project_id": _int_or_none(query.get("project")),
         "model": (query.get("model") or "").strip()[:200],
         "error": (query.get("error") or "").strip()[:200],
-        "search": (query.get("q") or "").strip()[:200],  # prompt text, job id, task id (selectors_search)
+        "search": (query.get("q") or "").strip()[:200],  # prompt text, job id, task id (selectors/search.py)
     }
 
 
