@@ -108,20 +108,17 @@ def test_delete_asks_with_counts_then_removes_jobs_album_and_files(signed_in, ow
     assert selectors.storage_summary(owner)["used_bytes"] == 0
 
 
-def test_delete_is_refused_while_jobs_are_running(signed_in, project, provider):
-    running_job(project, provider)
-    running_job(make_project(project.owner, provider), provider, slot=1)  # another project's job does not count
+def test_delete_cancels_the_projects_pending_and_running_work_first(signed_in, project, provider):
+    running = running_job(project, provider)
+    [pending] = make_drafts(project, 1)
+    Job.objects.filter(id=pending.id).update(status=Status.PENDING)
+    elsewhere = running_job(make_project(project.owner, provider), provider, slot=1)  # another project's job stays
     confirm = signed_in.get(f"/projects/{project.id}/delete")
-    assert "1 job is running; cancel it first" in confirm.content.decode()
-    refused = signed_in.post(f"/projects/{project.id}/delete")
-    assert Project.objects.filter(id=project.id).exists()
-    assert "1 job is running; cancel them first" in [str(m) for m in refused.context["messages"]]
-    # the page's "Cancel it" sends the running job to the cancel view; then the delete goes through
-    [running] = refused.context["running"]
-    assert f'name="job" value="{running}"' in refused.content.decode()
-    signed_in.post(f"/projects/{project.id}/cancel", {"job": [running]})
-    assert signed_in.post(f"/projects/{project.id}/delete").status_code == 302
-    assert not Project.objects.filter(id=project.id).exists()
+    assert "2 jobs are pending or running: they are cancelled first" in " ".join(confirm.content.decode().split())
+    response = signed_in.post(f"/projects/{project.id}/delete", follow=True)
+    assert "(2 pending or running jobs cancelled first)" in " ".join(response.content.decode().split())
+    assert not Project.objects.filter(id=project.id).exists() and not Job.objects.filter(id=running.id).exists()
+    assert Job.objects.get(id=elsewhere.id).status == Status.PROCESSING
 
 
 # --- API ----------------------------------------------------------------------------------
@@ -141,7 +138,7 @@ def test_api_creates_lists_changes_and_deletes_a_project(signed_in, owner, provi
     assert signed_in.get("/api/projects").json()["projects"] == []
     assert [p["name"] for p in signed_in.get("/api/projects?archived=true").json()["projects"]] == ["Renamed"]
     detail = signed_in.get(f"/api/projects/{project_id}").json()
-    assert detail["footprint"] == {"jobs": 0, "processing": 0, "album_items": 0, "bytes": 0}
+    assert detail["footprint"] == {"jobs": 0, "active": 0, "album_items": 0, "bytes": 0}
     deleted = send(signed_in, "delete", f"/api/projects/{project_id}")
     assert deleted.status_code == 200 and deleted.json()["deleted"] is True
     assert not Project.objects.exists()
@@ -174,14 +171,16 @@ def test_a_refused_patch_changes_nothing(signed_in, project):
     assert (project.name, project.archived) == ("Project", False)
 
 
-def test_api_delete_refuses_running_work_and_outsiders(client, signed_in, outsider, project, provider):
+def test_api_delete_cancels_running_work_and_refuses_outsiders(client, signed_in, outsider, project, provider):
     running_job(project, provider)
-    refused = send(signed_in, "delete", f"/api/projects/{project.id}")
-    assert refused.status_code == 409 and refused.json()["error"] == "1 job is running; cancel them first"
     client.force_login(outsider)
     assert send(client, "delete", f"/api/projects/{project.id}").status_code == 404
     assert send(client, "patch", f"/api/projects/{project.id}", {"name": "x"}).status_code == 404
     assert Project.objects.filter(id=project.id).exists()
+    client.force_login(project.owner)
+    deleted = send(client, "delete", f"/api/projects/{project.id}")
+    assert deleted.status_code == 200 and deleted.json()["cancelled"] == 1
+    assert not Project.objects.filter(id=project.id).exists()
 
 
 # --- Small items of issue 12, point 9 -------------------------------------------------------
@@ -212,7 +211,7 @@ def test_the_monitor_project_filter_names_projects_even_without_work(signed_in, 
     page = signed_in.get(f"/queue/?project={quiet.id}").content.decode()
     assert f'<option value="{quiet.id}" selected>Quiet one</option>' in page
     assert f'<option value="{project.id}">Project</option>' in page
-    assert f"#{quiet.id}" not in page
+    assert f">#{quiet.id}<" not in page and f"Project #{quiet.id}" not in page
 
 
 def test_the_monitor_says_1_project_not_1_projects(signed_in, project):

@@ -80,9 +80,6 @@ from queue_app.selectors.projects import (
     project_json as project_json,
 )
 from queue_app.selectors.projects import (
-    project_running_job_ids as project_running_job_ids,
-)
-from queue_app.selectors.projects import (
     reference_of as reference_of,
 )
 from queue_app.selectors.projects import (

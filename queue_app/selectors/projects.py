@@ -23,7 +23,8 @@ def own_projects(user, *, archived: bool | None = False) -> list[Project]:
 
 
 def project_footprint(project: Project) -> dict:
-    """What deleting a project removes: jobs (and how many run now), album items, bytes."""
+    """What deleting a project removes: jobs (and how many are pending or running, which
+    the delete cancels first), album items, bytes."""
     from django.db.models import Sum
 
     from queue_app.models import AlbumItem
@@ -31,14 +32,10 @@ def project_footprint(project: Project) -> dict:
     album = AlbumItem.objects.filter(project=project).aggregate(n=Count("id"), total=Sum("size"))
     return {
         "jobs": Job.objects.filter(project=project).count(),
-        "processing": Job.objects.filter(project=project, status=Status.PROCESSING).count(),
+        "active": Job.objects.filter(project=project, status__in=(Status.PENDING, Status.PROCESSING)).count(),
         "album_items": album["n"] or 0,
         "bytes": album["total"] or 0,
     }
-
-
-def project_running_job_ids(project: Project, *, limit: int = 500) -> list[str]:
-    return [str(i) for i in Job.objects.filter(project=project, status=Status.PROCESSING).values_list("id", flat=True)[:limit]]
 
 
 def project_json(project: Project) -> dict:

@@ -8,6 +8,7 @@ from django.db.models import Sum
 from queue_app.models import Job, Kind, Project, Provider, Status
 from queue_app.services.drafts import MAX_PROMPT_CHARS
 from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_cancel
 from queue_app.services.storage import _delete_files
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,10 @@ def project_set_archived(*, user, project: Project, archived: bool) -> Project:
 
 
 def project_delete(*, user, project: Project) -> dict:
-    """Delete a project with its jobs, album and files (which frees its storage). Refused
-    while jobs are processing: a running call would write into a project that is gone."""
+    """Delete a project with its jobs, album and files (which frees its storage). Its
+    pending and processing jobs are cancelled first, in the same transaction: a running
+    call's result is fenced out by its lease token, a detached task is cancelled at its
+    provider once this commits, and the slots go to other projects' work at once."""
     from queue_app.models import AlbumItem
 
     if project.owner_id != user.id:
@@ -138,10 +141,10 @@ def project_delete(*, user, project: Project) -> dict:
     with transaction.atomic():
         # Lock the project's job rows, then check: a dispatch claiming one of them now waits
         # for this transaction and then finds it gone (PostgreSQL; SQLite writes one at a time).
-        statuses = list(Job.objects.select_for_update().filter(project=project).values_list("status", flat=True))
-        running = statuses.count(Status.PROCESSING)
-        if running:
-            raise ServiceError(f"{running} job{'s are' if running != 1 else ' is'} running; cancel them first", 409)
+        rows = list(Job.objects.select_for_update().filter(project=project).values_list("id", "status"))
+        statuses = [status for _, status in rows]
+        active = [str(job_id) for job_id, status in rows if status in (Status.PENDING, Status.PROCESSING)]
+        cancelled = jobs_cancel(user=project.owner, job_ids=active)["cancelled"] if active else 0
         files = [
             name for pair in AlbumItem.objects.filter(project=project).values_list("file", "poster") for name in pair if name
         ]
@@ -149,6 +152,7 @@ def project_delete(*, user, project: Project) -> dict:
             "jobs": len(statuses),
             "album_items": AlbumItem.objects.filter(project=project).count(),
             "bytes": AlbumItem.objects.filter(project=project).aggregate(total=Sum("size"))["total"] or 0,
+            "cancelled": cancelled,
         }
         project_id = project.id
         # album items first: their job link is SET_NULL, so they would not go with the jobs

@@ -123,12 +123,12 @@ def project_delete(request, project_id):
     project = own(Project, request.user, id=project_id)
     if request.method == "POST":
         try:
-            services.project_delete(user=request.user, project=project)
-            messages.success(request, f"project “{project.name}” deleted")
+            summary = services.project_delete(user=request.user, project=project)
+            cancelled = summary["cancelled"]
+            note = f" ({cancelled} pending or running job{'s' if cancelled != 1 else ''} cancelled first)" if cancelled else ""
+            messages.success(request, f"project “{project.name}” deleted{note}")
             return redirect("project_list")
         except services.ServiceError as error:
             messages.error(request, error.message)
     footprint = selectors.project_footprint(project)
-    # the running jobs, for the page's "Cancel them" button (the cancel view does the work)
-    running = selectors.project_running_job_ids(project) if footprint["processing"] else []
-    return render(request, "queue_app/project_delete.html", {"project": project, "footprint": footprint, "running": running})
+    return render(request, "queue_app/project_delete.html", {"project": project, "footprint": footprint})
