@@ -61,7 +61,7 @@ def jobs_cancel(*, user, job_ids) -> dict:
     job_ids = list(dict.fromkeys(map(str, job_ids)))
     ids = list(Job.objects.filter(id__in=job_ids, owner=user).values_list("id", flat=True))
     with transaction.atomic():
-        rows = transitions.jobs_cancel(ids, by=f"user {user.pk}")
+        rows = transitions.jobs_cancel(ids, by=f"user {user.get_username()}")
         # The remote calls go after the commit (a caller's outer transaction included):
         # never HTTP inside a transaction, and never for a cancel that rolled back. They
         # are bounded by the adapters' timeouts and never raise.
