@@ -196,6 +196,8 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     params = {"workflow_id": "1987", "prompt_node": {"nodeId": "6", "fieldName": "text"}}
     [detached] = make_drafts(remote_project, 1, params=params)
     services.jobs_start(user=owner, project=remote_project, job_ids=[detached.id])
+    # The provider accepts it (a worker stores the task id), then the page shows it detached.
+    wait_until(lambda: Job.objects.filter(id=detached.id).exclude(task_id="").exists(), "the remote task id", timeout=90)
     walk.goto(f"/projects/{remote_project.id}/")
     page.wait_for_selector(f"#queue tr[data-job='{detached.id}'][data-state='detached']", timeout=45_000)
     walk.shot("detached")
