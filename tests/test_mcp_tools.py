@@ -204,8 +204,13 @@ def test_fuzzed_tool_calls_never_answer_a_json_rpc_internal_error(data, fuzz_cli
     arguments = data.draw(_strategy_for(tool["inputSchema"]))
     message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool["name"], "arguments": arguments}}
     response = fuzz_client.post("/mcp", data=json.dumps(message), content_type="application/json")
-    assert response.status_code == 200, (tool["name"], arguments)
     reply = response.json()
+    if response.status_code == 400 and "\\u0000" in json.dumps(arguments):
+        # A NUL character is refused at the door for every body (PostgreSQL cannot store it):
+        # a JSON-RPC parse error that says so, never an internal error.
+        assert reply["error"]["code"] == -32700 and "NUL" in reply["error"]["message"], reply
+        return
+    assert response.status_code == 200, (tool["name"], arguments)
     assert "error" not in reply, (tool["name"], arguments, reply)
     result = reply["result"]
     if not result["isError"]:
