@@ -182,8 +182,11 @@ def test_the_lightbox_walks_the_album_with_buttons_and_keys_and_plays_video_and_
                 src = page.evaluate("document.querySelector('#lb-stage > *').getAttribute('src')")
                 assert src == f"/album/{(video if kind == 'video' else audio).id}/file"
             page.keyboard.press("Escape")
-            page.wait_for_function("!document.getElementById('lightbox').open")
-            assert page.evaluate("document.getElementById('lb-stage').children.length") == 0  # nothing keeps playing
+            # the dialog's close event (which empties the stage) is dispatched after `open` turns
+            # false, so wait for both: nothing keeps playing once it is closed
+            page.wait_for_function(
+                "!document.getElementById('lightbox').open && document.getElementById('lb-stage').children.length === 0"
+            )
             # delete from the lightbox: through the confirmation, the tile goes
             page.click(f"a[data-item='{image.id}']")
             page.click("#lb-delete")
