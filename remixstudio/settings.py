@@ -10,6 +10,7 @@ import base64
 import hashlib
 import os
 import socket
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -235,8 +236,24 @@ def require_production_secrets() -> None:
         ) from None
 
 
+# Management commands that only read the code (no request served, nothing encrypted or
+# signed) run without production secrets: a migration check in a build step needs no keys.
+# They get a random key of their own process, never the public development constant.
+CODE_ONLY_COMMANDS = {"makemigrations", "showmigrations", "sqlmigrate", "help", "version"}
+
+
+def runs_code_only_command(argv) -> bool:
+    if len(argv) < 2 or not argv[0].endswith("manage.py"):
+        return False
+    command = argv[1]
+    return command in CODE_ONLY_COMMANDS or (command == "check" and "--deploy" not in argv)
+
+
 if DEBUG:
     SECRET_KEY = SECRET_KEY or "dev-only-not-secret-" + "remixstudio" * 4
+    FIELD_ENCRYPTION_KEY = FIELD_ENCRYPTION_KEY or derive_fernet_key(SECRET_KEY)
+elif runs_code_only_command(sys.argv) and not (SECRET_KEY and FIELD_ENCRYPTION_KEY):
+    SECRET_KEY = SECRET_KEY or base64.urlsafe_b64encode(os.urandom(48)).decode()
     FIELD_ENCRYPTION_KEY = FIELD_ENCRYPTION_KEY or derive_fernet_key(SECRET_KEY)
 else:
     require_production_secrets()

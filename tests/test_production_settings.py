@@ -50,6 +50,19 @@ def test_without_configuration_start_up_stops_and_says_what_to_set(tmp_path):
     assert result.returncode != 0 and "not a Fernet key" in result.stderr
 
 
+def manage(tmp_path, *args) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "remixstudio.settings", "VAR_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_migration_check_needs_no_production_secrets_but_serving_and_migrating_do(tmp_path):
+    assert manage(tmp_path, "makemigrations", "--check", "--dry-run").returncode == 0
+    assert manage(tmp_path, "check").returncode == 0
+    for refused in (("migrate", "--plan"), ("check", "--deploy")):
+        result = manage(tmp_path, *refused)
+        assert result.returncode != 0 and "SECRET_KEY and FIELD_ENCRYPTION_KEY must be set" in result.stderr, refused
+
+
 def test_debug_is_off_unless_asked_for(tmp_path):
     production = start(tmp_path, SECRET_KEY="s" * 50, FIELD_ENCRYPTION_KEY=FERNET)
     assert production.returncode == 0 and "DEBUG False" in production.stdout, production.stderr
