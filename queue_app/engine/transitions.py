@@ -226,18 +226,21 @@ def job_requeue(job_id, token, *, reason: str, error_class: str, delay: float = 
     )
 
 
+def _lease_gone(dead_owner: str | None = None) -> Q:
+    """A running job's lease is over: expired, never set, or held by a process known dead."""
+    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
+    return lease_gone | Q(lease_owner=dead_owner) if dead_owner else lease_gone
+
+
 def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     """processing (running, lease expired — or its owner known dead) → pending.
 
     Only a job without a remote task id: a detached job's remote work still holds
     provider capacity, so it keeps its slot and is polled instead.
     """
-    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
-    if dead_owner:
-        lease_gone |= Q(lease_owner=dead_owner)
     return _leave_stalled(
         job_id,
-        lease_gone=lease_gone,
+        lease_gone=_lease_gone(dead_owner),
         new_status=Status.PENDING,
         kind="job.healed",
         fields=dict(error=reason, error_class="local"),
@@ -248,7 +251,7 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
 def jobs_heal(job_ids, *, reason: str) -> list:
     """Batch of job_heal for the recovery scan: running jobs (no task id) whose lease has
     expired go back to pending in one statement. Returns the ids that moved."""
-    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
+    lease_gone = _lease_gone()
     with transaction.atomic(savepoint=False):
         rows = list(
             Job.objects.select_for_update(of=("self",))
@@ -286,12 +289,9 @@ def job_hold_stalled(job_id, *, reason: str, dead_owner: str | None = None) -> b
     """processing (its worker gone after it may have submitted) → failed, held for
     attention (error class "attention"): the provider record chose not to risk paying
     twice (engine/ambiguous.py). Resubmit is a retry; Mark failed changes the class."""
-    lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
-    if dead_owner:
-        lease_gone |= Q(lease_owner=dead_owner)
     return _leave_stalled(
         job_id,
-        lease_gone=lease_gone,
+        lease_gone=_lease_gone(dead_owner),
         new_status=Status.FAILED,
         kind="job.failed",
         fields=dict(error=reason, error_class=ErrorClass.ATTENTION, finished_at=timezone.now()),

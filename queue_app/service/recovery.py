@@ -143,14 +143,7 @@ def _heal(*, include_dead_owners: bool) -> int:
         .exclude(task_id="")
         .exclude(project__kind__in=runners.kinds())
     )
-    for rows in _batches(adopting.values_list("id")):
-        ids = [row[0] for row in rows]
-        moved = adopting.filter(id__in=ids).update(
-            lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
-        )
-        if moved:
-            attempts_interrupt(ids)
-            healed += moved
+    healed += _back_to_poller(adopting)
     if include_dead_owners:
         healed += _heal_dead_owners(stalled, now)
     return healed
@@ -186,15 +179,20 @@ def _heal_dead_owners(stalled, now) -> int:
         .exclude(task_id="")
         .exclude(project__kind__in=runners.kinds())
     )
-    for rows in _batches(collecting.values_list("id")):
+    return healed + _back_to_poller(collecting)
+
+
+def _back_to_poller(jobs) -> int:
+    """Detached jobs whose worker (an adopting retry, a collector) is gone: the lease goes,
+    the poller checks them at once, their open attempts end as interrupted."""
+    moved_in_all = 0
+    for rows in _batches(jobs.values_list("id")):
         ids = [row[0] for row in rows]
-        moved = collecting.filter(id__in=ids).update(
-            lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
-        )
+        moved = jobs.filter(id__in=ids).update(lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None)
         if moved:
             attempts_interrupt(ids)
-            healed += moved
-    return healed
+            moved_in_all += moved
+    return moved_in_all
 
 
 def recover() -> dict:

@@ -19,6 +19,18 @@ MAX_PROMPT_CHARS = limits.PROMPT_CHARS
 DRAFT_FIELDS = ("model", "aspect_ratio", "quality", "resolution", "format", "background", "sound")
 
 
+def prompt_checked(prompt) -> str:
+    """A draft's prompt, stripped, or a ServiceError saying what is wrong with it."""
+    prompt = (prompt or "").strip()
+    if not prompt:
+        raise ServiceError("a prompt is required")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    if "\x00" in prompt:  # PostgreSQL cannot store it: a clear error, not a 500
+        raise ServiceError("the prompt contains a NUL character (\\x00), which cannot be stored")
+    return prompt
+
+
 def jobs_create_drafts(
     *,
     user,
@@ -34,13 +46,7 @@ def jobs_create_drafts(
     nothing is created."""
     if project.owner_id != user.id:
         raise ServiceError("project not found", 404)
-    prompt = (prompt or "").strip()
-    if not prompt:
-        raise ServiceError("a prompt is required")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
-    if "\x00" in prompt:  # PostgreSQL cannot store it: a clear error, not a 500
-        raise ServiceError("the prompt contains a NUL character (\\x00), which cannot be stored")
+    prompt = prompt_checked(prompt)
     if not isinstance(quantity, int) or isinstance(quantity, bool) or not 1 <= quantity <= MAX_DRAFTS_PER_REQUEST:
         raise ServiceError(f"quantity must be a whole number from 1 to {MAX_DRAFTS_PER_REQUEST}")
     prompts = [line.strip() for line in prompt.splitlines() if line.strip()] if per_line else [prompt]
@@ -129,13 +135,7 @@ def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settin
     job = Job.objects.filter(id=job_id, owner=user).select_related("project").first()
     if job is None:
         raise ServiceError("draft not found", 404)
-    prompt = (prompt or "").strip()
-    if not prompt:
-        raise ServiceError("a prompt is required")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ServiceError(f"the prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
-    if "\x00" in prompt:  # PostgreSQL cannot store it: a clear error, not a 500
-        raise ServiceError("the prompt contains a NUL character (\\x00), which cannot be stored")
+    prompt = prompt_checked(prompt)
     draft_provider_check(user=user, project=job.project, provider=provider)
     values = draft_values(user=user, settings_=settings_)
     draft_default_model(project=job.project, provider=provider, values=values)

@@ -94,23 +94,29 @@ def failed_jobs_retry(*, user, project_id=None, provider_id=None) -> dict:
     return {"retried": len(started)}
 
 
-def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
-    """Delete failed job records in one scope. Album items survive (their job link is set
-    to null); projects that still have pending work are woken."""
-    scope = failed_scope(user=user, project_id=project_id, provider_id=provider_id)
+def _clear_failed(jobs) -> tuple[int, list]:
+    """Delete these failed jobs (album items survive: their job link is set to null) and
+    wake the projects that still have pending work. Returns (jobs deleted, woken projects)."""
     with transaction.atomic():
-        rows = list(scope.select_for_update(of=("self",)).values_list("id", "project_id"))
+        rows = list(jobs.select_for_update(of=("self",)).values_list("id", "project_id"))
         ids = [job_id for job_id, _ in rows]
         # Deleting with the status re-checked guards against a concurrent retry.
         # delete() counts cascaded rows (attempts) too: count the jobs alone
         cleared = Job.objects.filter(id__in=ids, status=Status.FAILED).delete()[1].get(Job._meta.label, 0)
-        events.emit_grouped([(project_id_, "job.cleared", job_id, "", {}) for job_id, project_id_ in rows])
-    projects = sorted({project_id_ for _, project_id_ in rows})
+        events.emit_grouped([(project_id, "job.cleared", job_id, "", {}) for job_id, project_id in rows])
+    projects = sorted({project_id for _, project_id in rows})
     resumed = list(
         Job.objects.filter(project_id__in=projects, status=Status.PENDING).values_list("project_id", flat=True).distinct()
     )
     if resumed:
         transaction.on_commit(lambda: dispatch.wake(project_ids=resumed))
+    return cleared, resumed
+
+
+def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
+    """Delete failed job records in one scope. Album items survive (their job link is set
+    to null); projects that still have pending work are woken."""
+    cleared, resumed = _clear_failed(failed_scope(user=user, project_id=project_id, provider_id=provider_id))
     log.info("clear failed by user %s: %d job(s) (project=%s provider=%s)", user.pk, cleared, project_id, provider_id)
     return {"cleared": cleared, "resumed_projects": resumed}
 
@@ -129,19 +135,7 @@ def selected_failed_clear(*, user, job_ids) -> dict:
     """Delete the failed jobs among `job_ids` that the user may act on, as
     failed_jobs_clear does for a scope; the others are skipped."""
     job_ids = list(job_ids)
-    with transaction.atomic():
-        rows = list(
-            failed_scope(user=user).filter(id__in=job_ids).select_for_update(of=("self",)).values_list("id", "project_id")
-        )
-        ids = [job_id for job_id, _ in rows]
-        cleared = Job.objects.filter(id__in=ids, status=Status.FAILED).delete()[1].get(Job._meta.label, 0)
-        events.emit_grouped([(project_id, "job.cleared", job_id, "", {}) for job_id, project_id in rows])
-    projects = sorted({project_id for _, project_id in rows})
-    resumed = list(
-        Job.objects.filter(project_id__in=projects, status=Status.PENDING).values_list("project_id", flat=True).distinct()
-    )
-    if resumed:
-        transaction.on_commit(lambda: dispatch.wake(project_ids=resumed))
+    cleared, _ = _clear_failed(failed_scope(user=user).filter(id__in=job_ids))
     log.info("clear selected by user %s: %d of %d job(s)", user.pk, cleared, len(job_ids))
     return {"cleared": cleared, "skipped": len(job_ids) - cleared}
 

@@ -56,18 +56,24 @@ def authenticate(request):
     return None, error("authentication required: sign in or send Authorization: Bearer <token>", 401)
 
 
-def read_body(request) -> dict:
-    """The JSON object of a POST (empty: {}), refused before it is read when too large."""
+def bounded_body(request, *, noun: str = "body") -> bytes:
+    """The raw body of a request, refused (413) before it is read when over the limit. The
+    API and MCP share it."""
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         declared = 0
     if declared > limits.REQUEST_BYTES:
-        raise schemas.SchemaError(f"the body is {declared} bytes; the limit is {limits.REQUEST_BYTES}", 413)
+        raise schemas.SchemaError(f"the {noun} is {declared} bytes; the limit is {limits.REQUEST_BYTES}", 413)
     try:
-        raw = request.body
+        return request.body
     except RequestDataTooBig:
-        raise schemas.SchemaError(f"the body is larger than {limits.REQUEST_BYTES} bytes", 413) from None
+        raise schemas.SchemaError(f"the {noun} is larger than {limits.REQUEST_BYTES} bytes", 413) from None
+
+
+def read_body(request) -> dict:
+    """The JSON object of a POST or PATCH (empty: {})."""
+    raw = bounded_body(request)
     if not raw:
         return {}
     body = schemas.parse_json(raw)

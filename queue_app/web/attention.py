@@ -3,30 +3,19 @@ have accepted their submission without us storing a task id (engine/ambiguous.py
 Resubmit sends them again; Mark failed makes them ordinary failures. Thin: the services
 do the work and check who may act (owners; staff on everyone's, like retry and clear)."""
 
-import uuid
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.views.decorators.http import require_POST
 
 from queue_app import services
 from queue_app.web import monitor
-
-
-def _ids(values) -> list[str]:
-    ids = []
-    for value in values:
-        try:
-            ids.append(str(uuid.UUID(str(value))))
-        except ValueError:
-            continue
-    return ids
+from queue_app.web.pages import job_ids
 
 
 @login_required
 @require_POST
 def attention_action(request, action):
-    ids = _ids(request.POST.getlist("job"))
+    ids = job_ids(request.POST.getlist("job"))
     try:
         if action == "resubmit":
             done = len(services.attention_resubmit(user=request.user, job_ids=ids)["resubmitted"])

@@ -3,8 +3,6 @@ the Queue Monitor. Thin like every page: the service does the work (services.job
 lookups go through the same ownership helpers as the other pages (staff may act on
 everyone's jobs, like on the monitor's retry and clear)."""
 
-import uuid
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
@@ -13,16 +11,7 @@ from django.views.decorators.http import require_POST
 from queue_app import selectors, services
 from queue_app.models import Job, Project
 from queue_app.web import api, monitor, pages
-
-
-def _ids(values) -> list[str]:
-    ids = []
-    for value in values:
-        try:
-            ids.append(str(uuid.UUID(str(value))))
-        except ValueError:
-            continue
-    return ids
+from queue_app.web.pages import job_ids
 
 
 def _say(request, result: dict) -> None:
@@ -35,7 +24,7 @@ def _say(request, result: dict) -> None:
 def project_cancel(request, project_id):
     """One row's Cancel (`only`) or the ticked jobs (`job`) of a project."""
     project = pages.own(Project, request.user, id=project_id)
-    ids = _ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
+    ids = job_ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
     ids = [str(i) for i in project.jobs.filter(id__in=ids).values_list("id", flat=True)]
     if not ids:
         messages.error(request, "select pending or processing jobs first")
@@ -56,7 +45,7 @@ def job_cancel(request, job_id):
 @require_POST
 def monitor_cancel(request):
     """A monitor row's Cancel (or several ticked rows); back to the monitor view it came from."""
-    ids = _ids(request.POST.getlist("job"))
+    ids = job_ids(request.POST.getlist("job"))
     ids = [str(i) for i in selectors.visible_jobs(request.user).filter(id__in=ids).values_list("id", flat=True)]
     if not ids:
         messages.error(request, "select pending or processing jobs first")

@@ -24,13 +24,12 @@ from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import limits, schemas, selectors, services
-from queue_app.web import mcp_tools, tokens
+from queue_app import schemas, selectors, services
+from queue_app.web import api, mcp_tools, tokens
 
 log = logging.getLogger(__name__)
 
@@ -156,17 +155,7 @@ def classify(item) -> str:
 
 
 def read_message(request):
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        declared = 0
-    if declared > limits.REQUEST_BYTES:
-        raise schemas.SchemaError(f"the message is {declared} bytes; the limit is {limits.REQUEST_BYTES}", 413)
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise schemas.SchemaError(f"the message is larger than {limits.REQUEST_BYTES} bytes", 413) from None
-    return schemas.parse_json(raw)
+    return schemas.parse_json(api.bounded_body(request, noun="message"))
 
 
 @csrf_exempt

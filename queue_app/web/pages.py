@@ -12,7 +12,6 @@ from django.views.decorators.http import require_POST
 from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Kind, Project, Status
-from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files, tokens
 
 SECTION_LIMIT = 200
@@ -28,33 +27,6 @@ def own(model, user, **lookup):
 
 
 # --- Project page -----------------------------------------------------------------------
-
-
-def model_choices(project: Project) -> list[tuple[str, str]]:
-    """The models the project's provider offers for the project's kind (its aliases too)."""
-    provider = project.provider
-    if provider is None:
-        return [(project.model, project.model)] if project.model else []
-    choices = [(spec.id, spec.name) for spec in CATALOGUE.get(provider.family, {}).values() if spec.kind == project.kind]
-    choices += [(alias, f"{alias} (alias)") for alias in (provider.model_aliases or {})]
-    if project.model and project.model not in [c[0] for c in choices]:
-        choices.insert(0, (project.model, project.model))
-    return choices
-
-
-def option_lists(project: Project, model: str) -> dict:
-    """What a model offers for each output setting (an empty list: free text / not offered)."""
-    provider = project.provider
-    spec = model_spec(provider.family, model, provider.model_aliases) if provider else None
-    return {
-        "aspect_ratio": list(spec.aspect_ratios) if spec else [],
-        "quality": list(spec.qualities) if spec else [],
-        "resolution": list(spec.resolutions) if spec else [],
-        "format": list(spec.formats) if spec else [],
-        "background": list(spec.backgrounds) if spec else [],
-        "duration": [str(d) for d in spec.durations] if spec else [],
-        "sound": ["on", "off"] if (spec and spec.kind == Kind.VIDEO) else [],
-    }
 
 
 def album_groups(project: Project) -> tuple[list[dict], int]:
@@ -176,6 +148,13 @@ def _is_uuid(value) -> bool:
         return True
     except ValueError:
         return False
+
+
+def job_ids(values) -> list[str]:
+    """The job ids among posted values, canonical; anything that is not a UUID is dropped."""
+    import uuid
+
+    return [str(uuid.UUID(str(value))) for value in values if _is_uuid(value)]
 
 
 # --- Providers --------------------------------------------------------------------------
