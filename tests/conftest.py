@@ -11,7 +11,9 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 import pytest  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.contrib.auth.hashers import PBKDF2PasswordHasher  # noqa: E402
 from django.db import connection  # noqa: E402
+from django.test import override_settings  # noqa: E402
 
 from queue_app.models import Job, Status  # noqa: E402
 from tests.factories import make_drafts, make_job, make_project, make_provider, make_user  # noqa: E402
@@ -41,6 +43,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL)"))
         if item.get_closest_marker("redis") and not settings.REDIS_URL:
             item.add_marker(pytest.mark.skip(reason="needs Redis (set REDIS_URL)"))
+
+
+class QuickPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """Production's algorithm at one round. Its hashes carry their round count, so the
+    processes a test starts (daphne, qcluster) verify them with the default hasher; the
+    default's million rounds cost about half a second per user made or login, which
+    summed to minutes of every suite run."""
+
+    iterations = 1
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_password_hashing():
+    with override_settings(PASSWORD_HASHERS=["tests.conftest.QuickPBKDF2PasswordHasher"]):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
