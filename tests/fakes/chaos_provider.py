@@ -36,6 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 JOB_TOKEN = re.compile(r"chaos-job-(\d+)")
 
@@ -609,12 +610,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.provider.record(**entry)
 
     def _replicate_list(self):
+        # Newest first, 100 a page, `next` carrying a cursor (Replicate's shape); a listed
+        # prediction counts as checked (its state reached the client).
+        start = time.time()
         key = self._key()
-        now = time.time()
+        record = self.provider.records.get(key)
+        if record is None:
+            return self._send(401, {"title": "Unauthenticated", "detail": "Invalid token.", "status": 401})
+        query = parse_qs(urlsplit(self.path).query)
+        offset = int((query.get("cursor") or ["0"])[0] or 0)
+        if record.poll_delay:
+            time.sleep(record.poll_delay)
         with self.provider.lock:
             mine = [p for p in self.provider.predictions.values() if p.key == key]
         mine.sort(key=lambda p: p.created, reverse=True)
-        self._send(200, {"previous": None, "next": None, "results": [self._prediction_json(p, now) for p in mine[:100]]})
+        page = mine[offset : offset + 100]
+        for p in page:
+            p.polls.append(start)
+        following = f"{self.provider.url}/v1/predictions?cursor={offset + 100}" if offset + 100 < len(mine) else None
+        self._send(200, {"previous": None, "next": following, "results": [self._prediction_json(p, start) for p in page]})
+        self.provider.record(kind="list", key=key, start=start, end=time.time(), job="", outcome="ok", listed=len(page))
 
     def _replicate_cancel(self, prediction_id: str):
         key = self._key()
