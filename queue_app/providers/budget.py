@@ -61,12 +61,6 @@ class Shortfall:
     cycle_seconds: float  # how long one round of every task takes at the budget
     cadence_seconds: float
 
-    def message(self) -> str:
-        return (
-            f"polling behind: {self.tasks} tasks, cycle ≈ {self.cycle_seconds:.0f} s "
-            f"(every {self.cadence_seconds:g} s wanted; raise the status budget or expect later results)"
-        )
-
 
 def shortfall(family: str, options: dict | None, tasks: int) -> Shortfall | None:
     """None when the budget checks all `tasks` within the family's cadence; otherwise how
