@@ -150,6 +150,8 @@ class Poller:
         self._spacings: dict[int, budget.Spacing] = {}
         self._records: dict[int, dict] = {}
         self._records_read = float("-inf")
+        self._batch_idle_until: dict[int, float] = {}
+        self._clock = self._timing.get("clock", time.monotonic)
 
     def inflight(self) -> int:
         with self._lock:
@@ -168,10 +170,9 @@ class Poller:
 
     def _read_records(self) -> None:
         # A record's family and options change rarely: read every few seconds, not per step.
-        clock = self._timing.get("clock", time.monotonic)
-        if clock() - self._records_read >= RECORDS_TTL_SECONDS:
+        if self._clock() - self._records_read >= RECORDS_TTL_SECONDS:
             self._records = {row["id"]: row for row in Provider.objects.values("id", "family", "options")}
-            self._records_read = clock()
+            self._records_read = self._clock()
 
     def step(self, *, now=None, families=None) -> int:
         """Claim what is due and start its checks. Returns how many were started."""
@@ -224,6 +225,8 @@ class Poller:
         self._submit(provider_id, _check_in_thread, job_id, token, now=now, turn=partial(spacing.wait_until, turn))
 
     def _start_batch(self, provider_id: int, *, now=None) -> int:
+        if self._batch_idle_until.get(provider_id, float("-inf")) > self._clock():
+            return 0
         family = self._records[provider_id]["family"]
         spacing = self.spacing(provider_id)
         pages = spacing.free(TURN_HORIZON_SECONDS)
@@ -236,6 +239,8 @@ class Poller:
             claim_seconds=POLL_CLAIM_SECONDS,
         )
         if not job_ids:
+            # Nothing due: the threads' refills need not ask again for a second.
+            self._batch_idle_until[provider_id] = self._clock() + TURN_HORIZON_SECONDS
             return 0
         turns = spacing.reserve(min(pages, -(-len(job_ids) // _batch_size(family))))
         with self._lock:
