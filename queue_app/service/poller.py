@@ -1,5 +1,9 @@
 """Detached polling: checking remote tasks until they finish.
 
+(Over 400 lines for a reason: the claim, the pool that spends each record's status budget
+and the check with its outcomes are one flow, looked up through one `adapter_for` that
+tests replace; the batch path lives in poll_batch.py.)
+
 Cadence: every detached job carries `next_poll_at`, set from its family's cadence when it
 is detached and after every check — the default cycle of DETACHED_POLL_SECONDS (30 s),
 Civitai every 5 s (its images are usually done within seconds). The queue service looks
@@ -16,6 +20,9 @@ One poll step:
 3. after its HTTP check returns, every check re-reads the job and applies the result
    with a fenced compare-and-set: a job another cycle finished, or a user cleared or
    retried meanwhile, is left alone.
+Budget: every status request waits for a turn of its provider record's budget
+(providers/budget.py), and a step claims only what the next second's turns allow; a family
+with a list endpoint is checked in batches (poll_batch.py).
 A finished task is handed to a worker (`worker/collect.py`), which re-reads the task for fresh
 (signed, expiring) URLs and writes it through the output writer, the same one as the
 synchronous path; completion frees the slot and wakes dispatch. Poll errors (network,
