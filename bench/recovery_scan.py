@@ -240,7 +240,7 @@ def main(argv=None) -> int:
 
         def polled() -> int:
             with fake.lock:
-                return sum(1 for p in fake.predictions.values() if p.key in keys and p.polls)
+                return sum(1 for p in fake.predictions.values() if p.key in keys and (p.polls or p.listed))
 
         counter.count = 0
         # As the queue service runs it: a step a second; the threads refill themselves between.
