@@ -2,6 +2,8 @@
 a fake clock), Replicate's list endpoint checking a hundred tasks a request, and the
 "polling behind" report when a budget cannot cover every task within its cadence."""
 
+import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -156,6 +158,40 @@ def test_replicate_tasks_are_checked_through_its_list_a_hundred_a_request(owner,
 
 def _no_cursor():
     return responses.matchers.query_string_matcher("")
+
+
+def test_what_a_list_leaves_is_checked_singly_within_the_providers_share_of_threads(owner, monkeypatch):
+    provider = detached_many(owner, "replicate", 20)
+    lock, now_running, peak, checked = threading.Lock(), [0], [0], []
+
+    class ListShowingNoneRunning:
+        STATUS_BATCH = 100
+
+        @staticmethod
+        def check_page(cursor, job):
+            return {}, ""  # every task finished, or not on the list
+
+        @staticmethod
+        def check(task_id, job):
+            with lock:
+                now_running[0] += 1
+                peak[0] = max(peak[0], now_running[0])
+            time.sleep(0.02)
+            with lock:
+                now_running[0] -= 1
+                checked.append(task_id)
+            return Running()
+
+    monkeypatch.setattr(poller, "adapter_for", lambda family: ListShowingNoneRunning)
+    pool = poller.Poller(parallelism=4, per_provider=2)
+    try:
+        pool.step()
+        pool.wait(timeout=60)
+    finally:
+        pool.close()
+    assert sorted(checked) == [f"task{i:04d}" for i in range(20)]
+    assert peak[0] <= 2  # never more than its share: other providers' checks are not queued behind them
+    assert not Job.objects.filter(active_provider=provider, poll_claimed_until__isnull=False).exists()
 
 
 @responses.activate

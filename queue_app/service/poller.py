@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from datetime import timedelta
@@ -149,6 +150,7 @@ class Poller:
         self._stepping = threading.Lock()  # one claim at a time, or two could both fill the free threads
         self._inflight: dict[int, int] = {}
         self._batching: set = set()
+        self._leftovers: dict[int, deque] = {}  # provider id -> (job id, token) a batch left for single checks
         self._futures: set = set()
         self._backlog = False
         self._refill_wanted = False
@@ -198,7 +200,7 @@ class Poller:
             for pid, row in self._records.items()
             if _batch_size(row["family"]) > 1 and (not families or row["family"] in families)
         }
-        started = 0
+        started = self._start_leftovers(free, busy, now=now)
         for provider_id in sorted(batched - self._batching):
             if started >= free:
                 break
@@ -216,7 +218,27 @@ class Poller:
         for job_id, token, provider_id in claimed:
             self._start_single(job_id, token, provider_id, now=now)
         started += len(claimed)
-        self._backlog = bool(started) and families is None
+        with self._lock:
+            leftover = any(self._leftovers.values())
+        self._backlog = (bool(started) or leftover) and families is None
+        return started
+
+    def _start_leftovers(self, free: int, busy: dict, *, now=None) -> int:
+        """Start the single checks batches left (still claimed), at most `per_provider`
+        at once per record like any claim, so they never queue ahead of other providers."""
+        started = 0
+        with self._lock:
+            waiting = {pid: queue for pid, queue in self._leftovers.items() if queue}
+        for provider_id, queue in waiting.items():
+            room = min(self.per_provider - busy.get(provider_id, 0), free - started)
+            for _ in range(max(0, room)):
+                with self._lock:
+                    if not queue:
+                        break
+                    job_id, token = queue.popleft()
+                self._start_single(job_id, token, provider_id, now=now)
+                busy[provider_id] = busy.get(provider_id, 0) + 1
+                started += 1
         return started
 
     def _submit(self, provider_id, fn, *args, **kwargs) -> None:
@@ -263,10 +285,11 @@ class Poller:
                 job_ids, token, adapter=adapter_for(family), spacing=self.spacing(provider_id), turns=turns, now=now
             )
             # What the list could not settle (finished, failed, unseen, timed out) is
-            # checked on its own, each on a turn of the same budget.
-            for job_id in left:
-                if not self._closed:
-                    self._start_single(job_id, token, provider_id, now=now)
+            # checked on its own, each on a turn of the same budget, as threads free up.
+            with self._lock:
+                self._leftovers.setdefault(provider_id, deque()).extend((job_id, token) for job_id in left)
+                if left:
+                    self._backlog = True
         except Exception:
             log.exception("batch status check of provider %s failed; its claims lapse", provider_id)
         finally:
@@ -299,14 +322,17 @@ class Poller:
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the checks started so far, and those they started (tests; a graceful stop)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        while deadline is None or time.monotonic() < deadline:
             pending = [future for future in list(self._futures) if not future.done()]
-            if not pending:
+            if pending:
+                wait_for_futures(pending, timeout=None if deadline is None else deadline - time.monotonic())
+                continue
+            with self._lock:
+                leftover = any(self._leftovers.values())
+            # A finished check's callback may be refilling (or about to): give it a moment.
+            time.sleep(0.02)
+            if not leftover and not self._stepping.locked() and not any(not f.done() for f in list(self._futures)):
                 return
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            wait_for_futures(pending, timeout=left)
 
     def close(self) -> None:
         # Checks in flight finish on their own (bounded by their HTTP timeouts); a check
