@@ -17,7 +17,7 @@ from queue_app.models import Job, Status
 from queue_app.providers import budget
 from queue_app.providers.base import Running
 from queue_app.providers.options import clean_options
-from queue_app.service import poller
+from queue_app.service import poll_batch, poller
 from queue_app.web.metrics import EVERYONE
 from tests.factories import make_drafts, make_project, make_provider
 from tests.fakes.dns import use_fake_dns
@@ -192,6 +192,17 @@ def test_what_a_list_leaves_is_checked_singly_within_the_providers_share_of_thre
     assert sorted(checked) == [f"task{i:04d}" for i in range(20)]
     assert peak[0] <= 2  # never more than its share: other providers' checks are not queued behind them
     assert not Job.objects.filter(active_provider=provider, poll_claimed_until__isnull=False).exists()
+
+
+def test_two_batch_claims_never_take_the_same_job(owner):
+    provider = detached_many(owner, "replicate", 5)
+    now = timezone.now()
+    _, first = poll_batch.claim_batch(provider.id, now=now, limit=100, claim_seconds=120)
+    _, second = poll_batch.claim_batch(provider.id, now=now, limit=100, claim_seconds=120)
+    assert len(first) == 5 and second == []
+    # a poller that died: its claim lapses and another batch takes the jobs
+    _, later = poll_batch.claim_batch(provider.id, now=now + timedelta(seconds=121), limit=100, claim_seconds=120)
+    assert sorted(later) == sorted(first)
 
 
 @responses.activate
