@@ -1,7 +1,7 @@
 """The recovery scan at scale, and one detached poll cycle at scale.
 
     python -m bench.recovery_scan [--database-url URL] [--pending 100000] [--processing 10000]
-                                  [--detached 5000] [--poll-latency-ms 100]
+                                  [--detached 5000] [--poll-latency-ms 100] [--single-detached 500]
 
 Recovery: a database with `--pending` pending jobs and `--processing` running jobs
 whose worker is gone (expired leases, spread over 100 providers' slots), no workers
@@ -9,10 +9,13 @@ running; `recovery.recover()` timed, with its peak Python allocation (tracemallo
 the process's resident memory growth.
 
 Detached polling: `--detached` jobs detached on a fake Replicate server that answers
-each status check after `--poll-latency-ms` (all still processing); the queue service's
-Poller (its long-lived thread pool, at most half its threads on one provider) steps until
-every due job was checked once (one 30 s cycle's worth of work), timed, with the SQL
-queries per checked job and the floor the per-provider cap sets.
+each status request (a single check or a list page) after `--poll-latency-ms` (all still
+processing); the queue service's Poller steps once a second until every task was checked
+once (one 30 s cycle's worth of work), timed, with the status requests and SQL queries it
+took. First through Replicate's list of predictions (100 tasks a request, the default),
+then `--single-detached` tasks one request each (the list left unused: the old figure's
+setting), both within the record's status budget (3,000 a minute). `--pending 0
+--processing 0` skips the recovery part.
 """
 
 import argparse
@@ -61,6 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--detached", type=int, default=5_000)
     parser.add_argument("--poll-latency-ms", type=float, default=100)
     parser.add_argument("--poll-parallelism", type=int, default=None)
+    parser.add_argument("--single-detached", type=int, default=500, help="tasks checked one request each (0: skip)")
     args = parser.parse_args(argv)
     var = ROOT / "var" / "bench" / ("scan-pg" if args.database_url else "scan-sqlite")
     url = runner.with_database(args.database_url, args.database) if args.database_url else f"sqlite:///{var / 'scan.sqlite3'}"
@@ -160,41 +164,8 @@ def main(argv=None) -> int:
     Job.objects.all().delete()
 
     # --- one detached poll cycle ---------------------------------------------------
-    key = "r8_bench_" + uuid.uuid4().hex
-    record = fake.configure(key, family="replicate", latency=(1e9, 1e9))
-    record.poll_delay = args.poll_latency_ms / 1000
-    provider = Provider(
-        owner=user, name="replicate", family="replicate", base_url=f"{fake.url}/v1", concurrency=args.detached, max_attempts=4
-    )
-    provider.api_key = key
-    provider.save()
-    project = Project.objects.create(owner=user, name="detached", provider=provider, model="black-forest-labs/flux-schnell")
     from tests.fakes.chaos_provider import Prediction
 
-    batch = []
-    for n in range(args.detached):
-        prediction_id = uuid.uuid4().hex[:26]
-        fake.predictions[prediction_id] = Prediction(
-            id=prediction_id, key=key, job=str(n), created=time.time(), work_end=float("inf"), failed=False, input={}, model="m"
-        )
-        batch.append(
-            Job(
-                project=project,
-                owner=user,
-                prompt="p",
-                status=Status.PROCESSING,
-                active_provider=provider,
-                slot=n,
-                lease_token=uuid.uuid4(),
-                task_id=prediction_id,
-                task_observed_at=now,
-                next_poll_at=now - timedelta(seconds=1),
-                attempts=1,
-                started_at=now,
-                resolved={"kind": "image", "model": "black-forest-labs/flux-schnell", "family": "replicate"},
-            )
-        )
-    Job.objects.bulk_create(batch, batch_size=2000)
     counter = QueryCounter()
     from django.db.backends.signals import connection_created
 
@@ -204,39 +175,157 @@ def main(argv=None) -> int:
             connection.execute_wrappers.append(counter)
 
     connection_created.connect(instrument)
-    for conn in connections.all():
-        conn.close()
 
-    def polled() -> int:
-        with fake.lock:
-            return sum(1 for p in fake.predictions.values() if p.key == key and p.polls)
+    def cycle(name: str, count: int) -> dict:
+        """`count` detached tasks, all still processing, on records of at most 1,000 slots
+        (the concurrency limit's bound), each with its own key; the queue service's Poller
+        stepped once a second until every task was checked once."""
+        from queue_app.limits import CONCURRENCY
 
-    # As the queue service runs it: a step a second; the threads refill themselves between.
-    poller = poller.Poller(parallelism=args.poll_parallelism)
-    started = time.monotonic()
-    last_step = 0.0
-    while polled() < args.detached:
-        if time.monotonic() - last_step >= 1.0:
-            poller.step()
-            last_step = time.monotonic()
-        time.sleep(0.02)
-    elapsed = time.monotonic() - started
-    poller.wait()
-    poller.close()
-    checked = len(fake.entries(key, "poll"))
-    floor = args.detached * args.poll_latency_ms / 1000 / poller.per_provider
+        records = []
+        for start in range(0, count, CONCURRENCY.high):
+            size = min(CONCURRENCY.high, count - start)
+            key = f"r8_bench_{name}_" + uuid.uuid4().hex
+            fake.configure(key, family="replicate", latency=(1e9, 1e9)).poll_delay = args.poll_latency_ms / 1000
+            provider = Provider(
+                owner=user,
+                name=f"{name}-{start // CONCURRENCY.high}",
+                family="replicate",
+                base_url=f"{fake.url}/v1",
+                concurrency=size,
+                max_attempts=4,
+            )
+            provider.api_key = key
+            provider.save()
+            records.append((key, provider, size))
+        batch = []
+        for key, provider, size in records:
+            project = Project.objects.create(
+                owner=user, name=provider.name, provider=provider, model="black-forest-labs/flux-schnell"
+            )
+            created = time.time()
+            for n in range(size):
+                prediction_id = uuid.uuid4().hex[:26]
+                fake.predictions[prediction_id] = Prediction(
+                    id=prediction_id,
+                    key=key,
+                    job=str(n),
+                    created=created + n * 1e-6,
+                    work_end=float("inf"),
+                    failed=False,
+                    input={},
+                    model="m",
+                )
+                batch.append(
+                    Job(
+                        project=project,
+                        owner=user,
+                        prompt="p",
+                        status=Status.PROCESSING,
+                        active_provider=provider,
+                        slot=n,
+                        lease_token=uuid.uuid4(),
+                        task_id=prediction_id,
+                        task_observed_at=timezone.now(),
+                        next_poll_at=timezone.now() - timedelta(seconds=1),
+                        attempts=1,
+                        started_at=now,
+                        resolved={"kind": "image", "model": "black-forest-labs/flux-schnell", "family": "replicate"},
+                    )
+                )
+        Job.objects.bulk_create(batch, batch_size=2000)
+        for conn in connections.all():
+            conn.close()
+        keys = {key for key, _, _ in records}
+
+        def polled() -> int:
+            with fake.lock:
+                return sum(1 for p in fake.predictions.values() if p.key in keys and (p.polls or p.listed))
+
+        counter.count = 0
+        # As the queue service runs it: a step a second; the threads refill themselves between.
+        pool = poller.Poller(parallelism=args.poll_parallelism)
+        started = time.monotonic()
+        last_step = 0.0
+        while polled() < count:
+            if time.monotonic() - last_step >= 1.0:
+                pool.step()
+                last_step = time.monotonic()
+            time.sleep(0.02)
+        elapsed = time.monotonic() - started
+        pool.wait()
+        pool.close()
+        queries = counter.count
+        from queue_app import selectors
+        from queue_app.web.metrics import EVERYONE
+
+        status = selectors.queue_status(user=EVERYONE, breakdown="providers")
+        ids = {provider.id for _, provider, _ in records}
+        behind = [row["polling_message"] for row in status["providers"] if row["id"] in ids and row["polling_message"]]
+        Job.objects.filter(active_provider_id__in=ids).delete()
+        return dict(
+            elapsed=elapsed,
+            queries=queries,
+            singles=sum(len(fake.entries(key, "poll")) for key in keys),
+            pages=sum(len(fake.entries(key, "list")) for key in keys),
+            per_provider=pool.per_provider,
+            records=len(records),
+            behind=behind,
+        )
+
+    # The list endpoint: a page of 100 a request, within Replicate's 3,000 a minute.
+    batched = cycle("replicate-list", args.detached)
+    requests_made = batched["pages"] + batched["singles"]
     line(
         "detached_poll_cycle",
-        f"{elapsed:.2f}",
+        f"{batched['elapsed']:.2f}",
         "s",
-        f"{args.detached} jobs on one provider at {args.poll_latency_ms:g} ms per check, {poller.per_provider} at once "
-        f"(the per-provider cap: floor {floor:.1f} s); the cycle is 30 s",
+        f"{args.detached} jobs on {batched['records']} Replicate records at {args.poll_latency_ms:g} ms per request: "
+        f"{batched['pages']} list pages "
+        f"+ {batched['singles']} single checks; old: 500 jobs took 21.5 s by single checks; the cycle is 30 s",
     )
     line(
         "detached_poll_queries_per_job",
-        f"{counter.count / max(1, checked):.2f}",
+        f"{batched['queries'] / args.detached:.3f}",
         "queries",
-        f"claim + re-read + apply; {checked} checks",
+        f"claim + apply in sets; {requests_made} status requests; old: 4.5 queries per check",
+    )
+    line("detached_poll_status", "; ".join(batched["behind"]) or "keeping up", "", "the queue status after the cycle")
+    if args.single_detached:
+        # The same provider with its list endpoint left unused: one request a task, spaced
+        # to the 3,000 a minute (50 a second) budget — the old figure's setting.
+        real_batch_size = poller._batch_size
+        poller._batch_size = lambda family: 1
+        try:
+            single = cycle("replicate-single", args.single_detached)
+        finally:
+            poller._batch_size = real_batch_size
+        floor = max(args.single_detached * args.poll_latency_ms / 1000 / single["per_provider"], args.single_detached / 50)
+        line(
+            "detached_poll_cycle_single_checks",
+            f"{single['elapsed']:.2f}",
+            "s",
+            f"{args.single_detached} jobs, one request each, {single['per_provider']} at once and 50/s budget "
+            f"(floor {floor:.1f} s); old: 21.5 s for 500",
+        )
+        line(
+            "detached_poll_queries_per_single_check",
+            f"{single['queries'] / max(1, single['singles']):.2f}",
+            "queries",
+            "claim + re-read + apply; old: 4.5",
+        )
+    from queue_app.providers import budget
+
+    # A family with no list endpoint at its undocumented-limit default: what the monitor
+    # would report for the same number of tasks.
+    planned = budget.shortfall("runninghub", {}, args.detached)
+    line(
+        "detached_poll_behind_without_a_list",
+        planned.tasks if planned else 0,
+        "tasks",
+        f"{args.detached} tasks at one request each and 600/min: cycle ≈ {planned.cycle_seconds:.0f} s, shown as polling behind"
+        if planned
+        else "keeping up",
     )
     fake.stop()
     return 0

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     if (ROOT / "bench" / "monitor_speed.py").exists():
         monitor_args = ["--jobs", "5000", "--runs", "5"] if args.quick else []
         status |= run("bench.monitor_speed", *monitor_args, env={"DATABASE_URL": pg if has_pg else ""})
-    scan = ["--pending", "5000", "--processing", "500", "--detached", "300"] if args.quick else []
+    scan = ["--pending", "5000", "--processing", "500", "--detached", "300", "--single-detached", "100"] if args.quick else []
     if has_pg:
         status |= run("bench.recovery_scan", "--database-url", pg, *scan)
     else:

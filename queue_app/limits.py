@@ -56,6 +56,9 @@ class RangeValidator:
 # jobs it claims, never this number; the bound keeps a typo from meaning "unlimited".
 CONCURRENCY = Range(1, 1000, "concurrency")
 MAX_ATTEMPTS = Range(1, 20, "max_attempts")
+# Status requests a minute a record's poller may send (providers/budget.py); the default is
+# the family's documented limit. 1,000 a second is past every documented limit.
+STATUS_PER_MINUTE = Range(1, 60_000, "status_per_minute")
 
 # Demo provider options (`Provider.options` of a demo record).
 DEMO_LAYERS = Range(1, 16, "layers")  # the adapters' MAX_LAYERS: one composite and at most 16 layers
@@ -138,6 +141,7 @@ DEMO_OPTIONS = {
     "latency_ms": DEMO_LATENCY_MS,
     "fail_rate": DEMO_FAIL_RATE,
     "retry_after": DEMO_RETRY_AFTER,
+    "status_per_minute": STATUS_PER_MINUTE,  # every family's, not only the demo's
 }
 
 

@@ -6,6 +6,11 @@ An adapter module exposes:
     check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed
     POLL_SECONDS: float | None # how often a detached task of this family is checked
                                # (None: the default cycle, DETACHED_POLL_SECONDS = 30 s)
+    STATUS_PER_MINUTE: int | None  # documented status requests a minute (None: not
+                               # published; providers/budget.py picks a default)
+    check_page(cursor, job) -> ({task_id: Running}, next_cursor)  # optional, with
+                               # STATUS_BATCH: a list endpoint that reports on many tasks
+                               # in one request (Replicate's list of predictions)
     cancel(task_id: str, job: ResolvedJob) -> None   # optional: stop a remote task where
                                # the API can (a user's cancel, the processing timeout);
                                # raises on a refusal, which the caller only logs

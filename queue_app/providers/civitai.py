@@ -34,6 +34,9 @@ from queue_app.providers.catalogue import parse_shape
 
 DEFAULT_BASE = "https://orchestration.civitai.com"
 POLL_SECONDS = 5.0
+# Orchestration publishes no rate limit yet ("fill in once finalized"): the budget module's
+# default for an unpublished limit; a record sets its own (status_per_minute).
+STATUS_PER_MINUTE = None
 LABEL = "Civitai"
 
 TERMINAL_FAILURES = {"failed", "expired", "canceled"}

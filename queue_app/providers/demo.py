@@ -41,6 +41,8 @@ from queue_app.providers.base import (
 from queue_app.providers.catalogue import parse_shape
 
 POLL_SECONDS = 1.0
+# Local and free: no limit worth keeping to (the highest budget a record may set).
+STATUS_PER_MINUTE = 60_000
 
 
 # --- The ledger ---------------------------------------------------------------------

@@ -32,6 +32,9 @@ from queue_app.providers.base import (
 
 DEFAULT_BASE = "https://generativelanguage.googleapis.com/v1beta"
 POLL_SECONDS = None  # the default 30 s cycle (Veo only)
+# Per project and tier, not published for operation reads: the budget module's default for
+# an unpublished limit.
+STATUS_PER_MINUTE = None
 LABEL = "Gemini"
 
 BLOCK_FINISH = {

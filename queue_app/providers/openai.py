@@ -25,6 +25,9 @@ from queue_app.providers.catalogue import parse_shape, resolve_option
 
 DEFAULT_BASE = "https://api.openai.com/v1"
 POLL_SECONDS = None  # the default 30 s cycle (video only; images and text are synchronous)
+# Per usage tier, read from x-ratelimit-* headers, no public number: 500 a minute is the
+# lowest paid tier's request limit for most endpoints.
+STATUS_PER_MINUTE = 500
 LABEL = "OpenAI"
 
 QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active", "account_deactivated"}

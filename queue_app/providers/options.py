@@ -87,9 +87,20 @@ ON_AMBIGUOUS = Option(
     choices=("retry", "hold"),
 )
 
+# Every family: the status checks a minute the poller may send (providers/budget.py; blank:
+# the family's documented limit).
+STATUS_PER_MINUTE = Option(
+    "status_per_minute",
+    "Status checks per minute",
+    int,
+    "the poller's budget of status requests; blank: the provider's documented limit",
+    limits.STATUS_PER_MINUTE.low,
+    limits.STATUS_PER_MINUTE.high,
+)
+
 
 def declared(family: str) -> tuple[Option, ...]:
-    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS)
+    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS, STATUS_PER_MINUTE)
 
 
 def clean_option(option: Option, value):

@@ -31,6 +31,11 @@ from queue_app.providers.base import (
 
 DEFAULT_BASE = "https://api.replicate.com/v1"
 POLL_SECONDS = None  # the default 30 s cycle
+# "Other endpoints: 3000 requests per minute" (replicate.com/docs/topics/predictions/rate-limits).
+STATUS_PER_MINUTE = 3000
+# `GET /v1/predictions` lists the account's predictions, newest first, 100 a page: one
+# request reports on up to a hundred detached tasks (check_page).
+STATUS_BATCH = 100
 LABEL = "Replicate"
 
 CONTENT_FILTER_WORDS = ("nsfw", "sensitive", "e005", "content policy", "safety", "flagged")
@@ -189,6 +194,39 @@ def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
         return Failed(reason=f"{LABEL} no longer knows prediction {task_id[:40]} (404: expired or deleted)")
     _raise_for_status(response, create=False)
     return _state(http.json_body(response, create=False, label=LABEL), job)
+
+
+def check_page(cursor: str, job: ResolvedJob) -> tuple[dict, str]:
+    """One page of `GET /v1/predictions` (newest first): ({prediction id: Running} for the
+    ones still running, the next page's cursor or ""). A finished prediction is left out:
+    the caller checks it on its own (`check`), which reads its outputs and failure the
+    way a single check does."""
+    from urllib.parse import urlencode
+
+    url = f"{_base(job)}/predictions"
+    query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
+    response = http.send("GET", url + query, create=False, label=LABEL, headers=_headers(job))
+    _raise_for_status(response, create=False)
+    body = http.json_body(response, create=False, label=LABEL)
+    running = {}
+    for prediction in body.get("results") or []:
+        if isinstance(prediction, dict) and prediction.get("id"):
+            if str(prediction.get("status") or "").lower() in RUNNING_STATUSES:
+                running[str(prediction["id"])] = Running()
+    return running, _cursor(body.get("next"), url)
+
+
+def _cursor(next_url, base_url: str) -> str:
+    # Only the cursor is taken from `next`: the request goes to our own base URL, never
+    # to a host an answer names.
+    from urllib.parse import parse_qs, urlsplit
+
+    if not isinstance(next_url, str) or not next_url:
+        return ""
+    parts = urlsplit(next_url)
+    if parts.netloc and parts.netloc != urlsplit(base_url).netloc:
+        return ""
+    return (parse_qs(parts.query).get("cursor") or [""])[0][:500]
 
 
 def cancel(task_id: str, job: ResolvedJob) -> None:

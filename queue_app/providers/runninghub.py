@@ -31,6 +31,9 @@ from queue_app.providers.base import (
 
 DEFAULT_BASE = "https://www.runninghub.ai/openapi/v2"
 POLL_SECONDS = None  # the default 30 s cycle
+# RunningHub limits concurrent tasks per key, not requests a minute: the budget module's
+# default for an unpublished limit.
+STATUS_PER_MINUTE = None
 LABEL = "RunningHub"
 
 PERMANENT_CODES = {

@@ -8,6 +8,7 @@ from django.utils import timezone
 from queue_app import states
 from queue_app.engine import heartbeats, runners
 from queue_app.models import Job, Project, Status
+from queue_app.selectors.polling import poll_lag
 from queue_app.selectors.visibility import visible_jobs, visible_providers
 
 COUNT_KEYS = ("pending", "processing", "failed", "queued", "waiting", "running", "stalled", "detached")
@@ -81,12 +82,14 @@ def queue_status(
             project_latest[row["project_id"]] = row["latest"]
 
     active_slots = {pid: per_provider[pid]["processing"] for pid in providers}
+    lag = poll_lag([pid for pid in providers if per_provider[pid]["detached"]], now=now)
     totals.update(
         projects=len(per_project),
         providers=len(providers),
         active_slots=sum(active_slots.values()),
         concurrency=sum(p["concurrency"] for p in providers.values()),
         oldest_queued_age_seconds=(now - oldest_queued).total_seconds() if oldest_queued else None,
+        polling_behind=sum(row["behind"] for row in lag.values()),
     )
     totals["available_slots"] = max(0, totals["concurrency"] - totals["active_slots"])
     result = {
@@ -94,7 +97,8 @@ def queue_status(
         "breakdown": breakdown,
         "totals": totals,
         "liveness": live,
-        "warnings": _warnings(live, totals),
+        "warnings": _warnings(live, totals)
+        + [f"{providers[pid]['name']}: {row['message']}." for pid, row in lag.items() if row["message"]],
     }
 
     if breakdown in ("providers", "all"):
@@ -117,6 +121,7 @@ def queue_status(
                     "oldest_queued_age_seconds": (now - provider_oldest[pid]).total_seconds() if pid in provider_oldest else None,
                     "waiting_reasons": dict(waiting_reasons.get(pid, {})),
                     "warning": _provider_warning(counts, live),
+                    **_polling(lag.get(pid)),
                 }
             )
         rows.sort(key=lambda r: (-(r["active_slots"] + r["queued"] + r["waiting"]), r["name"].lower(), r["id"]))
@@ -167,6 +172,16 @@ def _limited(key: str, rows: list, limit: int | None) -> dict:
     if limit is not None:
         rows = rows[:limit]
     return {key: rows, f"{key}_total": total, f"{key}_has_more": total > len(rows)}
+
+
+def _polling(lag: dict | None) -> dict:
+    lag = lag or {}
+    return {
+        "polling_behind": lag.get("behind", 0),
+        "polling_message": lag.get("message", ""),
+        "poll_cycle_seconds": lag.get("cycle_seconds"),
+        "poll_budget_per_minute": lag.get("budget_per_minute"),
+    }
 
 
 def _provider_warning(counts: dict, live: dict) -> str:

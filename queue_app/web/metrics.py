@@ -61,6 +61,21 @@ class QueueCollector(Collector):
         )
         paused = GaugeMetricFamily("rsq_provider_paused", "1 when the provider is paused", labels=labels)
         cooling = GaugeMetricFamily("rsq_provider_cooling_down", "1 while the provider cools down after a 429", labels=labels)
+        behind = GaugeMetricFamily(
+            "rsq_provider_polling_behind_tasks",
+            "Detached tasks the provider's status budget or late checks leave unchecked within their cadence",
+            labels=labels,
+        )
+        cycle = GaugeMetricFamily(
+            "rsq_provider_poll_cycle_seconds",
+            "Seconds one round of status checks of every detached task takes (0 when none)",
+            labels=labels,
+        )
+        budget = GaugeMetricFamily(
+            "rsq_provider_status_budget_per_minute",
+            "Status requests a minute the poller may send (0: no detached task)",
+            labels=labels,
+        )
         alert = GaugeMetricFamily(
             "rsq_provider_alert",
             "1 when the alert is raised: wait (oldest job over ALERT_WAIT_SECONDS), failure_rate (5 min), no_worker",
@@ -73,11 +88,14 @@ class QueueCollector(Collector):
             oldest.add_metric(values, row["oldest_queued_age_seconds"] or 0)
             paused.add_metric(values, 1 if row["paused"] else 0)
             cooling.add_metric(values, 1 if row["cooling_down_until"] else 0)
+            behind.add_metric(values, row["polling_behind"])
+            cycle.add_metric(values, row["poll_cycle_seconds"] or 0)
+            budget.add_metric(values, row["poll_budget_per_minute"] or 0)
             raised = {a["kind"] for a in alerts.get(row["id"], [])}
             for kind in selectors_history.ALERT_KINDS:
                 alert.add_metric([*values, kind], 1 if kind in raised else 0)
         yield from gauges.values()
-        yield from (oldest, paused, cooling, alert)
+        yield from (oldest, paused, cooling, behind, cycle, budget, alert)
 
         totals = GaugeMetricFamily("rsq_jobs", "Jobs in the queue by derived state (whole installation)", labels=["state"])
         for key in selectors.COUNT_KEYS:

@@ -36,6 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 JOB_TOKEN = re.compile(r"chaos-job-(\d+)")
 
@@ -83,6 +84,9 @@ class Prediction:
     first_delivered: bool = False  # the 201 reached the client
     delivered_terminal: bool = False  # ... already finished (`Prefer: wait`)
     polls: list = field(default_factory=list)
+    # When a list page showed it: not a poll, since an orphan (an id the client never
+    # stored) shows on the list too; a listed task that finished gets a single check.
+    listed: list = field(default_factory=list)
     canceled: bool = False
 
 
@@ -609,12 +613,39 @@ class _Handler(BaseHTTPRequestHandler):
         self.provider.record(**entry)
 
     def _replicate_list(self):
+        # Newest first, 100 a page, `next` carrying a cursor (Replicate's shape).
+        start = time.time()
         key = self._key()
-        now = time.time()
+        record = self.provider.records.get(key)
+        if record is None:
+            return self._send(401, {"title": "Unauthenticated", "detail": "Invalid token.", "status": 401})
+        query = parse_qs(urlsplit(self.path).query)
+        offset = int((query.get("cursor") or ["0"])[0] or 0)
+        if record.poll_delay:
+            time.sleep(record.poll_delay)
         with self.provider.lock:
             mine = [p for p in self.provider.predictions.values() if p.key == key]
         mine.sort(key=lambda p: p.created, reverse=True)
-        self._send(200, {"previous": None, "next": None, "results": [self._prediction_json(p, now) for p in mine[:100]]})
+        page = mine[offset : offset + 100]
+        fault = _draw(record.rng, record.poll_faults)  # a list is a status read: the same faults
+        entry = dict(kind="list", key=key, start=start, job="", outcome=fault or "ok", listed=0)
+        if fault == "reset_before":
+            entry.update(end=time.time())
+            self.provider.record(**entry)
+            return self._reset()
+        if fault == "5xx":
+            self._send(503, {"title": "Service Unavailable", "detail": "try again (chaos)", "status": 503})
+        elif fault == "malformed":
+            self._send(200, None, raw=b'{"next": null, "results": [')
+        else:
+            for p in page:
+                p.listed.append(start)
+            following = f"{self.provider.url}/v1/predictions?cursor={offset + 100}" if offset + 100 < len(mine) else None
+            body = {"previous": None, "next": following, "results": [self._prediction_json(p, start) for p in page]}
+            self._send(200, body, slow=record.slow_seconds if fault == "slow_body" else 0.0)
+            entry.update(listed=len(page))
+        entry.update(end=time.time())
+        self.provider.record(**entry)
 
     def _replicate_cancel(self, prediction_id: str):
         key = self._key()
