@@ -102,16 +102,20 @@ def seed(n_jobs: int, n_providers: int, n_projects: int):
 
     from queue_app.models import JobAttempt
 
-    finished = Job.objects.filter(status__in=(Status.COMPLETED, Status.FAILED)).values_list("id", "status")
+    finished = Job.objects.filter(status__in=(Status.COMPLETED, Status.FAILED)).values_list(
+        "id", "status", "project__provider_id"
+    )
     attempts = [
         JobAttempt(
             job_id=job_id,
+            provider_id=provider_id,  # what JobAttempt.save copies from the job; bulk_create does not call it
+            owner_id=owner.id,
             number=1,
             worker="bench:1",
             outcome="completed" if status == Status.COMPLETED else "permanent",
             finished_at=now - timedelta(minutes=i % 1440, seconds=i % 60),
         )
-        for i, (job_id, status) in enumerate(finished)
+        for i, (job_id, status, provider_id) in enumerate(finished)
     ]
     JobAttempt.objects.bulk_create(attempts, batch_size=5000)
     JobAttempt.objects.update(started_at=F("finished_at") - timedelta(seconds=2))
