@@ -1,4 +1,5 @@
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
@@ -26,3 +27,20 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+
+def serving() -> bool:
+    """This process is the web server (daphne, as run_stack and the README start it), not a
+    test or a management command importing the application. WEB_HEARTBEAT=1 names another
+    ASGI server as serving; WEB_HEARTBEAT=0 turns the beat off."""
+    forced = os.getenv("WEB_HEARTBEAT", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return "daphne" in os.path.basename(os.path.dirname(sys.argv[0]) if sys.argv[0].endswith("__main__.py") else sys.argv[0])
+
+
+if serving():
+    # the workers page lists every live process, web ones too
+    from queue_app.engine import heartbeats  # noqa: E402
+
+    heartbeats.start_process_heartbeat("web")

@@ -200,3 +200,15 @@ def test_a_rate_limited_attempt_counts_as_failed_and_the_hover_says_so(owner, ra
         )
     )
     assert "failed (1 rate-limited)</title>" in svg
+
+
+def test_an_attempt_copies_its_jobs_provider_owner_and_queued_time_when_it_opens(owner, ran):
+    """The history reads the attempt log alone (no join to the jobs): every attempt the run
+    opened names the provider, owner and queued time its job had then."""
+    attempts = list(JobAttempt.objects.select_related("job__project"))
+    assert len(attempts) == 8
+    for attempt in attempts:
+        job = attempt.job
+        assert attempt.provider_id == (job.provider_id or job.project.provider_id)
+        assert attempt.owner_id == owner.id
+        assert attempt.queued_at is not None and attempt.queued_at == job.queued_at

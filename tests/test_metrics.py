@@ -95,7 +95,9 @@ def test_attempt_counters_and_histograms_come_from_the_attempt_log(client, ran):
 def test_queue_wait_histogram_puts_a_slow_pickup_in_its_bucket(client, ran):
     job = Job.objects.filter(status=Status.COMPLETED).first()
     attempt = JobAttempt.objects.get(job=job)
-    Job.objects.filter(id=job.id).update(queued_at=attempt.started_at - timedelta(seconds=45))
+    queued_at = attempt.started_at - timedelta(seconds=45)
+    Job.objects.filter(id=job.id).update(queued_at=queued_at)
+    JobAttempt.objects.filter(id=attempt.id).update(queued_at=queued_at)  # the attempt copied it when it opened
     samples = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert samples[("rsq_job_queue_wait_seconds_bucket", (("le", "30.0"),))] == 5
     assert samples[("rsq_job_queue_wait_seconds_bucket", (("le", "60.0"),))] == 6

@@ -240,3 +240,50 @@ def test_the_monitor_and_the_status_api_run_the_same_number_of_queries_for_10_an
     assert count_queries(lambda: client.get("/queue/?state=all")) == pages_small
     assert count_queries(lambda: client.get("/api/queue/status?breakdown=all")) == api_small
     assert count_queries(lambda: client.get("/queue/?state=waiting&error=e")) == waiting_small
+
+
+def grow(owner, providers: int, now):
+    """`providers` more providers, each with a project, 10 jobs across the queue's states
+    (one of them running in a slot) and an attempt per job that ended in the last hour, a
+    third of them failed: every chart, percentile and failure rate has rows to read."""
+    from queue_app.models import JobAttempt
+
+    for _ in range(providers):
+        number = Provider.objects.count()
+        provider = make_provider(owner, name=f"grown {number}", concurrency=2)
+        project = make_project(owner, provider, name=f"grown project {number}")
+        bulk_jobs(project, 10, now)
+        running = Job.objects.filter(project=project, status=Status.COMPLETED).first()
+        put([running], Status.PROCESSING, active_provider=provider, slot=0, lease_expires_at=now + timedelta(minutes=1))
+        for n, job in enumerate(Job.objects.filter(project=project).exclude(status=Status.PENDING, not_before__isnull=True)):
+            ended = now - timedelta(minutes=n * 5)
+            attempt = JobAttempt.objects.create(
+                job=job, number=1, worker="h:1", outcome="permanent" if n % 3 == 0 else "completed", finished_at=ended
+            )
+            JobAttempt.objects.filter(id=attempt.id).update(
+                started_at=ended - timedelta(seconds=3), queued_at=ended - timedelta(seconds=9)
+            )
+
+
+def test_the_monitor_with_its_charts_runs_the_same_queries_at_5_times_the_jobs_providers_and_attempts(
+    client, owner, live_processes, settings
+):
+    from queue_app.models import JobAttempt
+    from queue_app.web.history import CHART_ROWS
+
+    settings.HISTORY_CACHE_SECONDS = 0  # the charts are computed on every request here
+    now = timezone.now()
+    client.force_login(owner)
+    urls = ("/queue/", "/queue/?range=day&fragment=1", "/queue/?state=failed&fragment=1", "/api/queue/status?breakdown=all")
+    grow(owner, 3, now)
+    charts = client.get("/queue/").context["history"]["rows"]
+    assert len(charts) == 1 + 3 and all(row["completed"] and row["failed"] and "<svg" in row["chart"] for row in charts)
+    before = {url: count_queries(lambda url=url: client.get(url)) for url in urls}
+    sizes = (Job.objects.count(), Provider.objects.count(), JobAttempt.objects.count())
+
+    grow(owner, 12, now)
+    assert (Job.objects.count(), Provider.objects.count(), JobAttempt.objects.count()) == tuple(5 * n for n in sizes)
+    response = client.get("/queue/")
+    assert len(response.context["history"]["rows"]) == 1 + CHART_ROWS and response.context["history"]["more"] == 15 - CHART_ROWS
+    assert len(response.context["summary"]["providers"]) == 15
+    assert {url: count_queries(lambda url=url: client.get(url)) for url in urls} == before

@@ -133,3 +133,51 @@ def test_the_page_costs_a_constant_number_of_queries(
         response = client.get("/queue/workers/")
     worker = next(p for p in response.context["overview"]["live"] if p["role"] == "worker")
     assert len(worker["running"]) == 6
+
+
+def test_a_web_process_is_listed_with_its_role_beside_workers_and_queue_services(client, owner):
+    heartbeats.beat("worker")
+    heartbeats.beat("queue_service")
+    heartbeats.beat("web", name="web:web-host:777")
+    Heartbeat.objects.filter(name="web:web-host:777").update(host="web-host", pid=777)
+    client.force_login(owner)
+    response = client.get("/queue/workers/?fragment=1")
+    overview = response.context["overview"]
+    assert {p["role"] for p in overview["live"]} == {"worker", "queue_service", "web"}
+    assert overview["counts"]["web"] == 1
+    html = response.content.decode()
+    assert "1 web process(es) alive" in html
+    assert '<tr data-process="web:web-host:777">' in html and "<td>web</td><td>web-host</td><td>777</td>" in html
+
+
+def test_importing_the_asgi_application_outside_a_server_starts_no_heartbeat(monkeypatch):
+    """Tests and management commands import the application; only a serving process beats."""
+    import remixstudio.asgi
+
+    assert "web" not in heartbeats._started
+    monkeypatch.setattr("sys.argv", ["/venv/lib/python3.11/site-packages/daphne/__main__.py", "-p", "8000"])
+    monkeypatch.delenv("WEB_HEARTBEAT", raising=False)
+    assert remixstudio.asgi.serving()
+    monkeypatch.setenv("WEB_HEARTBEAT", "0")
+    assert not remixstudio.asgi.serving()
+    monkeypatch.setattr("sys.argv", ["/venv/bin/pytest"])
+    monkeypatch.delenv("WEB_HEARTBEAT")
+    assert not remixstudio.asgi.serving()
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_a_serving_daphne_heartbeats_as_web_and_the_workers_page_lists_it(client, owner, tmp_path):
+    from tests import procs
+
+    web = procs.daphne(tmp_path / "logs")
+    try:
+        procs.wait_for(
+            lambda: Heartbeat.objects.filter(role="web", pid=web.pid).exists(), timeout=30, message="daphne's web heartbeat"
+        )
+        client.force_login(owner)
+        live = client.get("/queue/workers/").context["overview"]["live"]
+        [row] = [p for p in live if p["role"] == "web"]
+        assert row["pid"] == web.pid and row["host"] == socket.gethostname()
+    finally:
+        web.stop()

@@ -1,7 +1,7 @@
 """Liveness of our processes, from the database alone.
 
-Worker clusters (qcluster) and queue services write a heartbeat row every
-HEARTBEAT_SECONDS. The monitor warns when dispatchable work has nobody alive to take
+Worker clusters (qcluster), queue services and web processes (daphne) write a heartbeat
+row every HEARTBEAT_SECONDS. The monitor warns when dispatchable work has nobody alive to take
 it, and the recovery scan treats a lease whose owner process is known dead on this host
 as gone without waiting for it to expire.
 """
@@ -89,30 +89,34 @@ def dead_clusters(*, now=None) -> list[int]:
     return dead
 
 
-_started = False
+_started: set[str] = set()
 
 
 def start_worker_heartbeat() -> None:
     """Called in qcluster processes: a daemon thread beating for this cluster."""
-    global _started
-    if _started:
+    start_process_heartbeat("worker")
+
+
+def start_process_heartbeat(role: str) -> None:
+    """A daemon thread beating for this process as `role` ("worker" in a qcluster, "web"
+    in a serving daphne); once per process and role. It opens its own connection and
+    closes it after each beat, so it holds none between beats."""
+    if role in _started:
         return
-    _started = True
+    _started.add(role)
     started_at = timezone.now()
-    name = f"worker:{socket.gethostname()}:{os.getpid()}"
+    name = f"{role}:{socket.gethostname()}:{os.getpid()}"
+    first = threading.Event()
 
     def loop():
         stop = threading.Event()
-        while not stop.wait(settings.HEARTBEAT_SECONDS if _started_once.is_set() else 0.5):
+        while not stop.wait(settings.HEARTBEAT_SECONDS if first.is_set() else 0.5):
             try:
-                beat("worker", name=name, started_at=started_at)
-                _started_once.set()
+                beat(role, name=name, started_at=started_at)
+                first.set()
             except Exception:
                 pass
             finally:
                 connection.close()
 
-    threading.Thread(target=loop, name="heartbeat", daemon=True).start()
-
-
-_started_once = threading.Event()
+    threading.Thread(target=loop, name=f"heartbeat-{role}", daemon=True).start()

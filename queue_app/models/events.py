@@ -37,11 +37,12 @@ class ProjectEvent(models.Model):
 
 
 class Heartbeat(models.Model):
-    """Liveness of our processes: worker clusters and queue services."""
+    """Liveness of our processes: worker clusters, queue services and web processes."""
 
     class Role(models.TextChoices):
         WORKER = "worker"
         QUEUE_SERVICE = "queue_service"
+        WEB = "web"
 
     name = models.CharField(max_length=200, unique=True)
     role = models.CharField(max_length=20, choices=Role.choices)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.validators import MaxLengthValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 
 from queue_app import limits
 from queue_app.models.choices import ErrorClass, Family, Kind, Status
@@ -186,6 +187,9 @@ class Job(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
             # the Queue Monitor's job list, newest first, reads this index backwards
             models.Index(fields=["created_at", "id"], name="job_created"),
+            # the monitor's "held for attention" list and count: a few rows among the
+            # failed ones, newest first, without reading every failed job
+            models.Index(fields=["error_class", "status", "finished_at"], name="job_attention"),
         ]
         constraints = [
             # The database's own backstop for the concurrency limit: one job per slot.
@@ -233,6 +237,23 @@ class JobAttempt(models.Model):
     outcome = models.CharField(max_length=14, choices=Outcome.choices, default=Outcome.RUNNING)
     reason = models.TextField(blank=True, default="")
     task_id = models.CharField(max_length=512, blank=True, default="")
+    # Copied from the job when the attempt opens (`save`): the monitor's history, the
+    # failure rates and /metrics then read a time window of this table alone. Joining the
+    # jobs for them scanned every job on each refresh. No constraint: the log outlives a
+    # deleted provider and keeps its id.
+    provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    queued_at = models.DateTimeField(null=True, blank=True)  # the job's, when this attempt opened
 
     class Meta:
         ordering = ["job", "number", "id"]
@@ -245,3 +266,15 @@ class JobAttempt(models.Model):
 
     def __str__(self):
         return f"attempt {self.number} of {self.job_id}: {self.outcome}"
+
+    def save(self, *args, **kwargs):
+        if self._state.adding and self.owner_id is None and self.job_id:
+            # the job's provider as the history names it (its own, else its project's)
+            origin = (
+                Job.objects.filter(id=self.job_id)
+                .values_list(Coalesce("provider_id", "project__provider_id"), "owner_id", "queued_at")
+                .first()
+            )
+            if origin:
+                self.provider_id, self.owner_id, self.queued_at = origin
+        super().save(*args, **kwargs)
