@@ -148,14 +148,7 @@ def _stop_if_cancelled(job: Job, provider: Provider, result) -> None:
     if not isinstance(result, Submitted):
         return
     if Job.objects.filter(id=job.id, status=Status.FAILED, error_class=ErrorClass.CANCELLED).exists():
-        remote_cancel.cancel_task(
-            job_id=job.id,
-            project_id=job.project_id,
-            kind="",
-            provider_id=provider.id,
-            task_id=result.task_id,
-            resolved=job.resolved,
-        )
+        remote_cancel.cancel_provider_task(job, provider_id=provider.id, task_id=result.task_id)
 
 
 def _adopt(adapter, job: Job, request):
