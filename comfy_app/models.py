@@ -58,13 +58,7 @@ class ComfyInstance(models.Model):
             self.node_order = list(self.workflow or {})
         super().save(*args, **kwargs)
 
-    @property
-    def password(self) -> str:
-        return crypto.decrypt(self.password_encrypted)
-
-    @password.setter
-    def password(self, value: str) -> None:
-        self.password_encrypted = crypto.encrypt(value)
+    password = crypto.encrypted("password_encrypted")
 
 
 class ComfyRun(models.Model):

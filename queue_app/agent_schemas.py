@@ -19,6 +19,7 @@ from queue_app.schemas import (
     QueueStatusQuery,
     RetryJobs,
     Schema,
+    idempotency_key_field,
 )
 
 
@@ -59,19 +60,11 @@ class JobArgs(Schema):
 
 
 class CancelJobsArgs(CancelJobs):
-    idempotency_key: IdempotencyKey | None = Field(
-        None,
-        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
-        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
-    )
+    idempotency_key: IdempotencyKey | None = idempotency_key_field()
 
 
 class RetryJobsArgs(RetryJobs):
-    idempotency_key: IdempotencyKey | None = Field(
-        None,
-        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
-        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
-    )
+    idempotency_key: IdempotencyKey | None = idempotency_key_field()
 
 
 class QueueStatusOut(Output):

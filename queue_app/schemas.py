@@ -82,6 +82,16 @@ IdempotencyKey = Annotated[
 ]
 
 
+def idempotency_key_field():
+    """The optional `idempotency_key` argument of the MCP tools that do work (the REST API
+    takes the same key as the Idempotency-Key header)."""
+    return Field(
+        None,
+        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
+        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
+    )
+
+
 def _option(values: list[str]):
     return Literal[tuple(values)]  # type: ignore[valid-type]
 
@@ -191,11 +201,7 @@ class CreateDrafts(DraftOptions):
 
 class CreateDraftsArgs(CreateDrafts):
     project_id: ProjectId
-    idempotency_key: IdempotencyKey | None = Field(
-        None,
-        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
-        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
-    )
+    idempotency_key: IdempotencyKey | None = idempotency_key_field()
 
 
 class DraftRow(Output):
@@ -241,11 +247,7 @@ class StartJobsArgs(StartJobs):
         "notifications when the request carries a progressToken; needs a client that accepts text/event-stream",
     )
     wait_seconds: StrictInt = Field(120, ge=1, le=600, description="with wait: the longest to wait")
-    idempotency_key: IdempotencyKey | None = Field(
-        None,
-        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
-        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
-    )
+    idempotency_key: IdempotencyKey | None = idempotency_key_field()
 
 
 class JobsStarted(Output):

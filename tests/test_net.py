@@ -4,7 +4,7 @@ import pytest
 import requests
 import responses
 
-from queue_app.providers import net
+from queue_app.providers import addresses, net
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.fakes.dns import use_fake_dns
 
@@ -184,18 +184,18 @@ def test_a_name_that_rebinds_to_loopback_after_the_check_is_refused_at_the_conne
     ],
 )
 def test_ipv6_forms_that_carry_a_private_ipv4_address_are_refused(address):
-    assert not net._public(address)
+    assert not addresses.public_address(address)
     with pytest.raises(net.UnsafeURL, match="address not allowed"):
         net.check_url(f"https://[{address.split('%')[0]}]/x")
 
 
 @pytest.mark.parametrize("address", ["64:ff9b::808:808", "2002:808:808::1", "::ffff:8.8.8.8", "2606:4700::1111"])
 def test_ipv6_forms_of_a_public_address_stay_allowed(address):
-    assert net._public(address)
+    assert addresses.public_address(address)
 
 
 def test_a_refusal_does_not_say_what_a_name_resolved_to(monkeypatch):
-    monkeypatch.setattr("queue_app.providers.net._resolve", lambda host, port: ["93.184.216.34", "10.20.30.40"])
+    monkeypatch.setattr("queue_app.providers.addresses._resolve", lambda host, port: ["93.184.216.34", "10.20.30.40"])
     with pytest.raises(net.UnsafeURL) as refused:
         net.check_url("https://mixed.example/x")
     assert "address not allowed" in str(refused.value) and "10.20.30.40" not in str(refused.value)
@@ -278,7 +278,7 @@ def test_the_comfyui_socket_checks_the_address_it_connects_to(monkeypatch, setti
     """The check resolves `localhost` to a public address (the fake resolver); the
     connection itself reaches loopback: refused before the upgrade is sent."""
     inside = _Counting()
-    monkeypatch.setattr("queue_app.providers.net._resolve", lambda host, port: ["93.184.216.34"])
+    monkeypatch.setattr("queue_app.providers.addresses._resolve", lambda host, port: ["93.184.216.34"])
     try:
         settings.OUTBOUND_ALLOW_HTTP = True
         _listen_briefly(f"http://localhost:{inside.port}")

@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from comfy_app import allowed_hosts
@@ -21,7 +21,7 @@ from comfy_app.runner.claim import take_claimed
 from comfy_app.runner.instance import client_for
 from queue_app.engine import enqueue
 from queue_app.engine.attempts import Outcome
-from queue_app.engine.leases import LeaseKeeper, lease_reissue
+from queue_app.engine.leases import LeaseKeeper, lease_reissue, leave_to_healing
 from queue_app.engine.results import Applied, fail_job, store_outputs
 from queue_app.models import Job
 from queue_app.providers import net
@@ -157,8 +157,7 @@ def collect_prompt(job_id, token) -> Collected:
         fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local", keep_task_id=False)
         return Collected.GONE
     except DatabaseError:
-        log.error("database error while collecting job %s", job.id, exc_info=True)
-        connection.close()
+        leave_to_healing(job.id, "collecting")
         return Collected.ERROR
     except Exception as error:
         detail = error.reason if isinstance(error, comfy.ComfyError) else str(error) or type(error).__name__

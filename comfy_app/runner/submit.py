@@ -7,7 +7,7 @@ import logging
 import uuid
 from enum import StrEnum
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -22,7 +22,7 @@ from comfy_app.runner.instance import client_for, mark_unreachable
 from comfy_app.runner.uploads import upload_once
 from queue_app.engine import transitions
 from queue_app.engine.attempts import Outcome, attempt_finish
-from queue_app.engine.leases import LeaseKeeper
+from queue_app.engine.leases import LeaseKeeper, leave_to_healing
 from queue_app.engine.results import fail_job
 from queue_app.models import Job
 
@@ -79,8 +79,7 @@ def submit_prompt(job_id, token) -> Submission:
         fail_job(job.id, token, attempt.id, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent", keep_task_id=False)
         return Submission.REJECTED
     except DatabaseError:
-        log.error("database error while submitting job %s", job.id, exc_info=True)
-        connection.close()
+        leave_to_healing(job.id, "submitting")
         return Submission.ERROR
     except Exception as error:  # a bug or an unexpected answer: this job fails, the rest run
         log.exception("job %s: unexpected error while submitting to ComfyUI", job.id)

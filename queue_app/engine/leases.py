@@ -86,6 +86,14 @@ class LeaseKeeper:
             connection.close()
 
 
+def leave_to_healing(job_id, doing: str) -> None:
+    """A worker step whose database connection broke (the database restarted, the backend
+    was killed): do not limp on. The connection is closed so the next task connects afresh;
+    the job's lease runs out and it is handed out again (healing, or the ComfyUI check)."""
+    log.error("database error while %s job %s; leaving it to healing", doing, job_id, exc_info=True)
+    connection.close()
+
+
 def reconnecting_once(job_id, apply: Callable[[], T]) -> T:
     """The provider has answered, and may have billed: a connection that broke meanwhile (a
     database restart, a killed backend) must not lose that answer to healing, which would

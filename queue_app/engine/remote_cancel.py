@@ -58,6 +58,14 @@ def cancel_task(*, job_id, project_id, kind: str, provider_id, task_id: str, res
     return call() if call is not None else False
 
 
+def cancel_provider_task(job, *, provider_id, task_id: str) -> bool:
+    """`cancel_task` for a provider family's task of `job` (the request rebuilt from its
+    snapshot): after a cancel that raced the submission, and after the processing timeout."""
+    return cancel_task(
+        job_id=job.id, project_id=job.project_id, kind="", provider_id=provider_id, task_id=task_id, resolved=job.resolved
+    )
+
+
 def _runner_cancel(kind: str, job_id, project_id, task_id: str) -> bool:
     cancel = getattr(runners.RUNNERS[kind], "cancel", None)
     if cancel is None:

@@ -70,22 +70,14 @@ class Provider(models.Model):
     def __repr__(self):
         return f"<Provider {self.pk} {self.name!r} {self.family}>"
 
-    @property
-    def api_key(self) -> str:
-        return crypto.decrypt(self.api_key_encrypted)
+    api_key = crypto.encrypted("api_key_encrypted")
 
-    @api_key.setter
+    @api_key.setter  # the same, and the hint the pages show
     def api_key(self, value: str) -> None:
         self.api_key_encrypted = crypto.encrypt(value)
         self.api_key_hint = value[-4:] if len(value) >= 8 else ""
 
-    @property
-    def api_secret(self) -> str:
-        return crypto.decrypt(self.api_secret_encrypted)
-
-    @api_secret.setter
-    def api_secret(self, value: str) -> None:
-        self.api_secret_encrypted = crypto.encrypt(value)
+    api_secret = crypto.encrypted("api_secret_encrypted")
 
 
 class Project(models.Model):

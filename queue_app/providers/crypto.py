@@ -21,6 +21,12 @@ def encrypt(plaintext: str) -> str:
     return _fernet(settings.FIELD_ENCRYPTION_KEY).encrypt(plaintext.encode()).decode()
 
 
+def encrypted(field: str) -> property:
+    """A model attribute read and written in plain text and stored encrypted in `field`
+    (a provider's secret, a ComfyUI password): the plain text is never a column."""
+    return property(lambda row: decrypt(getattr(row, field)), lambda row, value: setattr(row, field, encrypt(value)))
+
+
 # Every secret this process has decrypted: the log formatter redacts them from every
 # record, tracebacks included (an exception message can quote a provider's key).
 _seen_secrets: set[str] = set()

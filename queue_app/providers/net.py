@@ -1,28 +1,23 @@
 """The one HTTP client every outbound call goes through.
 
+- every URL, and every hop of a redirect, passes `addresses.check_url` first (https only,
+  public addresses only, unless allowlisted: the policy lives in addresses.py);
 - explicit connect/read timeouts on every call;
 - a size cap on every body (streamed, counted, cut off);
-- `https` only unless OUTBOUND_ALLOW_HTTP is set, or the host's OUTBOUND_ALLOWLIST entry is
-  written `http://host[:port]` (an allowlisted `host:port` alone is still https-only);
-- no private, loopback, link-local (cloud metadata) or otherwise non-public addresses,
-  checked on every hop of a redirect, unless the host is on OUTBOUND_ALLOWLIST;
 - never retries on its own (a POST to a paid API must not be sent twice by a library);
 - credentials (Authorization, API-key headers, cookies) are not carried across a redirect
   to another origin.
 - the address a connection actually reached is checked again once the socket is open,
   before a byte is sent: a name that answers the check with a public address and the
   connection with a private one (DNS rebinding) is refused there.
-- IPv6 forms that carry an IPv4 address (mapped, NAT64, 6to4, Teredo, IPv4-compatible)
-  are judged by the IPv4 address inside, or refused outright where no public use exists;
-- a refusal says "address not allowed" and never what a name resolved to (that would
-  map the inside of the network for whoever typed the name);
 - WebSockets (the ComfyUI runner's listener, aiohttp) go through `ws_session`: the same
   URL check, no redirects, and the address each socket connects to checked first.
+
+The policy's names (`check_url`, `UnsafeURL`, `purpose`, ...) are re-exported here, so a
+caller imports one module for outbound calls.
 """
 
-import contextlib
 import contextvars
-import ipaddress
 import socket
 from urllib.parse import urljoin, urlsplit
 
@@ -30,6 +25,15 @@ import requests
 import urllib3
 from django.conf import settings
 
+from queue_app.providers import addresses
+from queue_app.providers.addresses import (  # noqa: F401  (re-exported: see the docstring)
+    UnsafeURL,
+    check_url,
+    purpose,
+    register_allowlist,
+    set_purpose,
+    validate_base_url,
+)
 from queue_app.providers.crypto import scrub_urls
 
 CONNECT_TIMEOUT = 10
@@ -37,139 +41,16 @@ READ_TIMEOUT = 120
 MAX_REDIRECTS = 5
 
 
-class UnsafeURL(ValueError):
-    """The URL points somewhere outbound calls may not go."""
-
-
 class TooLarge(ValueError):
     """The body is over the size cap."""
 
 
-# Allowlists kept elsewhere for one purpose only (the ComfyUI app registers the private
-# hosts staff allowed for ComfyUI instances): consulted while `purpose(name)` is in effect,
-# so a host allowed for ComfyUI is still refused to provider calls, downloads and pushes.
-_purpose = contextvars.ContextVar("outbound_purpose", default="")
-_purpose_allowlists: dict = {}
-
-
-def register_allowlist(name: str, entries) -> None:
-    """`entries()` returns more OUTBOUND_ALLOWLIST-style entries for calls made under
-    `purpose(name)`; read on every check, so a change takes effect at once."""
-    _purpose_allowlists[name] = entries
-
-
-@contextlib.contextmanager
-def purpose(name: str):
-    token = _purpose.set(name)
-    try:
-        yield
-    finally:
-        _purpose.reset(token)
-
-
-def set_purpose(name: str) -> None:
-    """For a coroutine: its task's calls are made for `name` (a task has its own context)."""
-    _purpose.set(name)
-
-
-def _allow_entries() -> list:
-    entries = _purpose_allowlists.get(_purpose.get())
-    return list(settings.OUTBOUND_ALLOWLIST) + (list(entries()) if entries else [])
-
-
-def _allowlisted(host: str, port: int | None, *, scheme: str = "") -> bool:
-    """Whether `host` (or `host:port`) is on OUTBOUND_ALLOWLIST (or the allowlist of the
-    current purpose): exempt from the private-address guard. With `scheme="http"`, whether
-    plain http to it is allowed too: only an entry written `http://host[:port]` allows
-    that (or OUTBOUND_ALLOW_HTTP for all)."""
-    names = {host} | ({f"{host}:{port}"} if port is not None else set())
-    allow = _allow_entries()
-    if scheme == "http":
-        return any(f"http://{name}" in allow for name in names)
-    return any(name in allow or f"http://{name}" in allow for name in names)
-
-
-# NAT64 (RFC 6052) carries an IPv4 address in its last 32 bits; the local-use prefix
-# (RFC 8215) translates to whatever the operator's network holds: never public.
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
-NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
-
-
-def _public(address: str) -> bool:
-    """Whether `address` is a global unicast address. An IPv6 address that embeds an IPv4
-    one is judged by that IPv4 address (Python's `is_global` calls ::127.0.0.1 and
-    2002:7f00:1:: global): mapped, NAT64 and 6to4 by the address inside; Teredo,
-    IPv4-compatible (::a.b.c.d, deprecated) and local-use NAT64 are refused outright."""
-    try:
-        ip = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return False
-    if ip.version == 6:
-        if ip.ipv4_mapped:
-            ip = ip.ipv4_mapped
-        elif int(ip) >> 32 == 0 or ip.teredo or ip in NAT64_LOCAL:
-            return False
-        elif ip in NAT64:
-            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        elif ip.sixtofour:
-            ip = ip.sixtofour
-    return ip.is_global and not ip.is_multicast
-
-
-def _resolve(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to. Tests replace this (there is no DNS in CI)."""
-    return [info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)]
-
-
-def _shown(url: str) -> str:
-    """A refused URL as a message may quote it: no credentials, path or query."""
-    return scrub_urls(url).rsplit("@", 1)[-1][:80]
-
-
-def check_url(url: str) -> None:
-    """Raise UnsafeURL unless `url` may be fetched. Resolves the host: every address it
-    resolves to must be public (a name that also points inside is refused)."""
-    try:
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-    except ValueError:  # "http://[::1": an unparseable URL is a refusal, not a crash
-        raise UnsafeURL(f"not a valid URL: {_shown(url)!r}") from None
-    if not host:
-        raise UnsafeURL(f"not an absolute URL: {_shown(url)!r}")
-    try:
-        port = parts.port
-    except ValueError:
-        raise UnsafeURL(f"bad port in {_shown(url)!r}") from None
-    plain_http_allowed = settings.OUTBOUND_ALLOW_HTTP or _allowlisted(host, port, scheme="http")
-    if parts.scheme != "https" and not (parts.scheme == "http" and plain_http_allowed):
-        raise UnsafeURL(f"only https URLs are allowed, not {parts.scheme!r}")
-    if _allowlisted(host, port):
-        return
-    try:
-        addresses = _resolve(host, port or (443 if parts.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError):
-        raise UnsafeURL(f"cannot resolve {host!r}") from None
-    if not addresses:
-        raise UnsafeURL(f"cannot resolve {host!r}")
-    if not all(_public(address) for address in addresses):
-        raise UnsafeURL(f"address not allowed: {host!r} is not a public address")
-
-
-def validate_base_url(url: str) -> str:
-    """For provider base_url overrides: the same guard, a readable message."""
-    try:
-        check_url(url)
-    except UnsafeURL as exc:
-        raise ValueError(str(exc)) from None
-    return url.rstrip("/")
-
-
 def _check_peer(host: str, port: int | None, sock) -> None:
     """The address a new connection reached must be public as well (or its host allowed)."""
-    if _allowlisted((host or "").lower(), port):
+    if addresses.allowlisted((host or "").lower(), port):
         return
     address = sock.getpeername()[0]
-    if not _public(address):
+    if not addresses.public_address(address):
         sock.close()
         raise UnsafeURL(f"address not allowed: {host!r} connected to an address that is not public")
 
@@ -397,7 +278,7 @@ async def _ws_request_start(session, context, params) -> None:
     url = params.url
     http_url = str(url.with_scheme({"ws": "http", "wss": "https"}.get(url.scheme, url.scheme)))
     check_url(http_url)
-    _ws_host_allowed.set(_allowlisted((url.host or "").lower(), url.port))
+    _ws_host_allowed.set(addresses.allowlisted((url.host or "").lower(), url.port))
 
 
 async def _ws_redirect(session, context, params) -> None:
@@ -410,7 +291,7 @@ def _ws_socket(addr_info):
     unless the request's host is allowlisted (checked before the connect, so nothing is
     sent to an address the name rebound to)."""
     family, type_, proto, _, address = addr_info
-    if not _ws_host_allowed.get() and not _public(address[0]):
+    if not _ws_host_allowed.get() and not addresses.public_address(address[0]):
         raise UnsafeURL("address not allowed: the WebSocket host is not a public address")
     return socket.socket(family=family, type=type_, proto=proto)
 

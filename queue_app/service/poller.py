@@ -438,14 +438,7 @@ def _time_out(job: Job, token) -> Applied:
         # Its slot is given away now: stop the task at the provider too, or it keeps
         # running (and billing) beside the job that takes the slot. After the commit,
         # best effort, like a user's cancel.
-        remote_cancel.cancel_task(
-            job_id=job.id,
-            project_id=job.project_id,
-            kind="",
-            provider_id=job.active_provider_id,
-            task_id=job.task_id,
-            resolved=job.resolved,
-        )
+        remote_cancel.cancel_provider_task(job, provider_id=job.active_provider_id, task_id=job.task_id)
     return Applied.TIMEOUT if failed else Applied.SKIPPED
 
 

@@ -39,6 +39,9 @@ from queue_app.services.errors import (
     ServiceError as ServiceError,
 )
 from queue_app.services.errors import (
+    refuse_unknown as refuse_unknown,
+)
+from queue_app.services.errors import (
     within_limits as within_limits,
 )
 from queue_app.services.idempotency import (

@@ -1,4 +1,5 @@
-"""The error every write service raises with a sentence for the user, and the bound check."""
+"""The error every write service raises with a sentence for the user, and the checks
+that several services (and the API's bodies) share."""
 
 from django.core.exceptions import ValidationError
 
@@ -18,3 +19,11 @@ def within_limits(check, value) -> None:
         check(value)
     except ValidationError as error:
         raise ServiceError(" ".join(error.messages)) from None
+
+
+def refuse_unknown(data: dict, known) -> None:
+    """A body with a field we do not know is refused whole, naming the fields: a typo must
+    not be saved as nothing."""
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")

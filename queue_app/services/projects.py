@@ -7,7 +7,7 @@ from django.db.models import Sum
 
 from queue_app.models import Job, Kind, Project, Provider, Status
 from queue_app.services.drafts import MAX_PROMPT_CHARS
-from queue_app.services.errors import ServiceError
+from queue_app.services.errors import ServiceError, refuse_unknown
 from queue_app.services.jobs import jobs_cancel
 from queue_app.services.storage import _delete_files
 
@@ -42,9 +42,7 @@ def project_values(*, user, data: dict, project: Project | None = None) -> dict:
     the keys present are returned; a new project needs a name. Nothing is saved here."""
     from queue_app.providers.catalogue import model_spec
 
-    unknown = set(data) - set(PROJECT_FIELDS)
-    if unknown:
-        raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    refuse_unknown(data, PROJECT_FIELDS)
     values = {}
     if "name" in data or project is None:
         name = data.get("name")

@@ -9,7 +9,7 @@ from queue_app import limits, selectors
 from queue_app.engine import dispatch
 from queue_app.models import Job, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE
-from queue_app.services.errors import ServiceError
+from queue_app.services.errors import ServiceError, refuse_unknown
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,7 @@ def provider_values(*, user, data: dict, provider: Provider | None = None) -> di
     from queue_app.models import Family
     from queue_app.providers.options import clean_options
 
-    unknown = set(data) - set(PROVIDER_FIELDS)
-    if unknown:
-        raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    refuse_unknown(data, PROVIDER_FIELDS)
     values = {}
     if "name" in data or provider is None:
         name = data.get("name")

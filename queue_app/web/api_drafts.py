@@ -43,9 +43,7 @@ def patch_body(request) -> dict:
         raise services.ServiceError("the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise services.ServiceError("the body must be a JSON object")
-    unknown = set(body) - {"prompt", "provider_id", "settings", *SETTING_KEYS}
-    if unknown:
-        raise services.ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    services.refuse_unknown(body, {"prompt", "provider_id", "settings", *SETTING_KEYS})
     if body.get("settings") is not None and not isinstance(body["settings"], dict):
         raise services.ServiceError("settings must be an object")
     return body

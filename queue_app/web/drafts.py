@@ -17,7 +17,7 @@ from queue_app import references, selectors, services
 from queue_app.models import Job, Kind, Project, Provider
 from queue_app.providers.catalogue import CATALOGUE, model_spec
 from queue_app.web import album_files
-from queue_app.web.pages import _back_to, _is_uuid, own
+from queue_app.web.pages import _back_to, _is_uuid, act_on_selected, own
 
 PAGE_SIZE = 50
 OPTION_NAMES = ("aspect_ratio", "quality", "resolution", "format", "background", "duration", "sound")
@@ -213,29 +213,28 @@ def selected_drafts(request, project: Project) -> list:
 @require_POST
 def drafts_delete(request, project_id):
     project = own(Project, request.user, id=project_id)
+
+    def delete(ids) -> int:
+        return services.drafts_delete(user=project.owner, project=project, job_ids=ids)
+
     ids = selected_drafts(request, project)
-    if not ids:
-        messages.error(request, "select drafts first: nothing was deleted")
-    else:
-        deleted = services.drafts_delete(user=project.owner, project=project, job_ids=ids)
-        messages.success(request, f"{deleted} draft(s) deleted")
-    return _back_to(project, request)
+    return act_on_selected(
+        request, project, ids, act=delete, none="select drafts first: nothing was deleted", done="{} draft(s) deleted"
+    )
 
 
 @login_required
 @require_POST
 def drafts_duplicate(request, project_id):
     project = own(Project, request.user, id=project_id)
+
+    def duplicate(ids) -> int:
+        return len(services.drafts_duplicate(user=project.owner, project=project, job_ids=ids))
+
     ids = selected_drafts(request, project)
-    if not ids:
-        messages.error(request, "select drafts first: nothing was duplicated")
-        return _back_to(project, request)
-    try:
-        jobs = services.drafts_duplicate(user=project.owner, project=project, job_ids=ids)
-        messages.success(request, f"{len(jobs)} draft(s) duplicated")
-    except services.ServiceError as error:
-        messages.error(request, error.message)
-    return _back_to(project, request)
+    return act_on_selected(
+        request, project, ids, act=duplicate, none="select drafts first: nothing was duplicated", done="{} draft(s) duplicated"
+    )
 
 
 @login_required

@@ -163,58 +163,38 @@ def get_job(ctx: Context, args) -> dict:
     return job
 
 
-def rest_body(args, *exclude) -> dict:
-    """The arguments as the REST body they mirror: the idempotency fingerprint's input."""
-    return args.model_dump(mode="json", exclude_none=True, exclude_defaults=True, exclude={"idempotency_key", *exclude})
+def once(ctx: Context, args, *, scope: str, run, exclude=()) -> dict:
+    """`run()` (payload, status) done once per idempotency key: the same key with the same
+    arguments replays the first payload. The fingerprint is the arguments as the REST body
+    they mirror (`exclude`: the ones the REST call carries in its path or not at all)."""
+    body = args.model_dump(mode="json", exclude_none=True, exclude_defaults=True, exclude={"idempotency_key", *exclude})
+    payload, _ = services.idempotent(user=ctx.user, key=args.idempotency_key, scope=scope, body=body, run=run)
+    return payload
 
 
 def create_drafts(ctx: Context, args) -> dict:
     project = api.visible_project(ctx.user, args.project_id)
-    payload, _ = services.idempotent(
-        user=ctx.user,
-        key=args.idempotency_key,
-        scope=f"drafts:{project.id}",
-        body=rest_body(args, "project_id"),
-        run=lambda: api.drafts_create(ctx.user, project, args),
+    return once(
+        ctx, args, scope=f"drafts:{project.id}", run=lambda: api.drafts_create(ctx.user, project, args), exclude=("project_id",)
     )
-    return payload
 
 
 def start_jobs(ctx: Context, args) -> dict:
     project = api.visible_project(ctx.user, args.project_id)
-    payload, _ = services.idempotent(
-        user=ctx.user,
-        key=args.idempotency_key,
-        scope=f"start:{project.id}",
-        body=rest_body(args, "project_id", "wait", "wait_seconds"),
-        run=lambda: (
-            services.jobs_start(user=project.owner, project=project, job_ids=args.ids(), all_drafts=args.all_drafts),
-            200,
-        ),
-    )
-    return payload
+
+    def run():
+        return services.jobs_start(user=project.owner, project=project, job_ids=args.ids(), all_drafts=args.all_drafts), 200
+
+    return once(ctx, args, scope=f"start:{project.id}", run=run, exclude=("project_id", "wait", "wait_seconds"))
 
 
 def retry_jobs(ctx: Context, args) -> dict:
-    payload, _ = services.idempotent(
-        user=ctx.user,
-        key=args.idempotency_key,
-        scope="retry",
-        body=rest_body(args),
-        run=lambda: (api.jobs_retry(ctx.user, args), 200),
-    )
-    return payload
+    return once(ctx, args, scope="retry", run=lambda: (api.jobs_retry(ctx.user, args), 200))
 
 
 def cancel_jobs(ctx: Context, args) -> dict:
-    payload, _ = services.idempotent(
-        user=ctx.user,
-        key=args.idempotency_key,
-        scope="cancel",
-        body=rest_body(args),
-        run=lambda: (api.jobs_cancel(ctx.user, [str(job_id) for job_id in args.job_ids]), 200),
-    )
-    return payload
+    job_ids = [str(job_id) for job_id in args.job_ids]
+    return once(ctx, args, scope="cancel", run=lambda: (api.jobs_cancel(ctx.user, job_ids), 200))
 
 
 def clear_failed(ctx: Context, args) -> dict:

@@ -123,21 +123,30 @@ def project_start(request, project_id):
     return _back_to(project, request)
 
 
+def act_on_selected(request, project: Project, ids: list, *, act, none: str, done: str):
+    """A bulk action on the ticked rows of a project page: `act(ids)` returns how many it
+    did, said as `done.format(n)`; nothing ticked says `none`; a refusal is shown."""
+    if not ids:
+        messages.error(request, none)
+        return _back_to(project, request)
+    try:
+        messages.success(request, done.format(act(ids)))
+    except services.ServiceError as error:
+        messages.error(request, error.message)
+    return _back_to(project, request)
+
+
 @login_required
 @require_POST
 def project_retry(request, project_id):
     project = own(Project, request.user, id=project_id)
+
+    def retry(ids) -> int:
+        ids = list(project.jobs.filter(id__in=ids).values_list("id", flat=True))
+        return len(services.jobs_retry(user=project.owner, job_ids=ids)["retried"])
+
     ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
-    if not ids:
-        messages.error(request, "select failed jobs first")
-        return _back_to(project, request)
-    ids = list(project.jobs.filter(id__in=ids).values_list("id", flat=True))
-    try:
-        result = services.jobs_retry(user=project.owner, job_ids=ids)
-        messages.success(request, f"{len(result['retried'])} job(s) retried")
-    except services.ServiceError as error:
-        messages.error(request, error.message)
-    return _back_to(project, request)
+    return act_on_selected(request, project, ids, act=retry, none="select failed jobs first", done="{} job(s) retried")
 
 
 def _is_uuid(value) -> bool:

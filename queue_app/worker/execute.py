@@ -17,13 +17,13 @@ run(job_id, token):
 import logging
 import time
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections
 from django.db.models.functions import Now
 
 from queue_app import providers
 from queue_app.engine import ambiguous, dispatch, failpoints, remote_cancel, transitions
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
-from queue_app.engine.leases import LeaseKeeper, reconnecting_once
+from queue_app.engine.leases import LeaseKeeper, leave_to_healing, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
 from queue_app.engine.results import Applied, fail_job, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
@@ -80,10 +80,7 @@ def execute_one(job_id, token) -> int | None:
         with LeaseKeeper(job.id, token) as keeper:
             return _execute(job, token, provider, attempt, keeper)
     except DatabaseError:
-        # The connection is broken (the database restarted, the backend was killed): do
-        # not limp on. The lease expires and the job is healed back to pending.
-        log.error("database error while executing job %s; leaving it to healing", job.id, exc_info=True)
-        connection.close()
+        leave_to_healing(job.id, "executing")
         return None
 
 
@@ -148,14 +145,7 @@ def _stop_if_cancelled(job: Job, provider: Provider, result) -> None:
     if not isinstance(result, Submitted):
         return
     if Job.objects.filter(id=job.id, status=Status.FAILED, error_class=ErrorClass.CANCELLED).exists():
-        remote_cancel.cancel_task(
-            job_id=job.id,
-            project_id=job.project_id,
-            kind="",
-            provider_id=provider.id,
-            task_id=result.task_id,
-            resolved=job.resolved,
-        )
+        remote_cancel.cancel_provider_task(job, provider_id=provider.id, task_id=result.task_id)
 
 
 def _adopt(adapter, job: Job, request):

@@ -25,4 +25,4 @@ def fake_resolve(host: str, port: int) -> list[str]:
 
 
 def use_fake_dns(monkeypatch) -> None:
-    monkeypatch.setattr("queue_app.providers.net._resolve", fake_resolve)
+    monkeypatch.setattr("queue_app.providers.addresses._resolve", fake_resolve)

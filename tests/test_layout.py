@@ -1,0 +1,120 @@
+"""The layout's size rules (issue 11), measured rather than remembered.
+
+- No module in queue_app/ or comfy_app/ over MODULE_LINES lines unless its docstring or
+  its leading comment says why, in a line that starts "Long because:".
+- No function over FUNCTION_LINES lines (decorators and docstring included) in the
+  packages that run the queue: engine, worker, service and the ComfyUI runner. A function
+  that must be longer goes on LONG_FUNCTIONS with its reason; keep that list tiny.
+
+Migrations are generated and left out.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("queue_app", "comfy_app")
+MODULE_LINES = 400
+FUNCTION_LINES = 60
+STRICT_PACKAGES = ("queue_app/engine", "queue_app/worker", "queue_app/service", "comfy_app/runner")
+REASON = "Long because:"
+
+# "path::function": why it is longer than FUNCTION_LINES. Empty today.
+LONG_FUNCTIONS: dict[str, str] = {}
+
+
+def modules() -> list[Path]:
+    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py") if "migrations" not in path.parts)
+
+
+def relative(path: Path, root: Path = ROOT) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def says_why_it_is_long(source: str) -> bool:
+    """The reason stands in the module docstring or in the comments above the first line of code."""
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    leading = []
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break
+        leading.append(line.lstrip("# "))
+    return any(line.strip().startswith(REASON) for line in docstring.splitlines() + leading)
+
+
+def long_modules(paths, root: Path = ROOT) -> list[str]:
+    found = []
+    for path in paths:
+        source = path.read_text()
+        lines = len(source.splitlines())
+        if lines > MODULE_LINES and not says_why_it_is_long(source):
+            found.append(f"{relative(path, root)}: {lines} lines")
+    return found
+
+
+def function_lengths(source: str):
+    """(qualified name, lines) of every function and method, nested ones included."""
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    start = min([child.lineno] + [decorator.lineno for decorator in child.decorator_list])
+                    yield name, child.end_lineno - start + 1
+                yield from walk(child, f"{name}.")
+            else:
+                yield from walk(child, prefix)
+
+    yield from walk(ast.parse(source), "")
+
+
+def long_functions(paths, root: Path = ROOT) -> list[str]:
+    found = []
+    for path in paths:
+        if not relative(path, root).startswith(tuple(f"{package}/" for package in STRICT_PACKAGES)):
+            continue
+        for name, lines in function_lengths(path.read_text()):
+            key = f"{relative(path, root)}::{name}"
+            if lines > FUNCTION_LINES and key not in LONG_FUNCTIONS:
+                found.append(f"{key}: {lines} lines")
+    return found
+
+
+def test_every_module_is_short_or_says_why_it_is_long():
+    assert long_modules(modules()) == []
+
+
+def test_no_function_in_engine_worker_service_or_runner_is_over_sixty_lines():
+    assert long_functions(modules()) == []
+
+
+def test_the_allow_list_names_only_functions_that_exist_and_are_long():
+    lengths = {f"{relative(path)}::{name}": lines for path in modules() for name, lines in function_lengths(path.read_text())}
+    assert {key: lengths.get(key, 0) > FUNCTION_LINES for key in LONG_FUNCTIONS} == dict.fromkeys(LONG_FUNCTIONS, True)
+
+
+# The measure itself, on made-up modules: it must be able to fail.
+
+
+def test_a_long_module_without_a_reason_is_reported(tmp_path):
+    module = tmp_path / "queue_app" / "big.py"
+    module.parent.mkdir()
+    module.write_text('"""Big."""\n' + "x = 1\n" * MODULE_LINES)
+    assert long_modules([module], tmp_path) == [f"queue_app/big.py: {MODULE_LINES + 1} lines"]
+    module.write_text('"""Big.\n\nLong because: one table, read as one."""\n' + "x = 1\n" * MODULE_LINES)
+    assert long_modules([module], tmp_path) == []
+    module.write_text("# A table.\n# Long because: one table, read as one.\n\n" + "x = 1\n" * MODULE_LINES)
+    assert long_modules([module], tmp_path) == []
+
+
+@pytest.mark.parametrize("package, reported", [("queue_app/engine", True), ("queue_app/web", False)])
+def test_a_long_function_is_reported_only_in_the_strict_packages(tmp_path, package, reported):
+    module = tmp_path / package / "step.py"
+    module.parent.mkdir(parents=True)
+    body = "".join(f"    x{n} = {n}\n" for n in range(FUNCTION_LINES))
+    module.write_text(f"class Loop:\n    @staticmethod\n    def step():\n{body.replace('    ', '        ')}")
+    expected = [f"{package}/step.py::Loop.step: {FUNCTION_LINES + 2} lines"] if reported else []
+    assert long_functions([module], tmp_path) == expected
