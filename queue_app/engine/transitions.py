@@ -23,10 +23,10 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import events, runs
-from queue_app.engine.attempts import attempts_cancel
+from queue_app.engine import events, failpoints, runs
+from queue_app.engine.attempts import attempt_finish, attempts_cancel
 from queue_app.engine.leases import lease_expiry
-from queue_app.models import ErrorClass, Job, Status
+from queue_app.models import ErrorClass, Job, JobAttempt, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
 
@@ -137,9 +137,13 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
     return token
 
 
-def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
+def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt_id=None) -> bool:
     """processing (running) → processing (detached): store the remote task id before
-    anything waits on it. The job keeps its slot; the lease gives way to polling."""
+    anything waits on it. The job keeps its slot; the lease gives way to polling.
+
+    The worker's attempt `attempt_id` ends as detached in the same commit: a detached job
+    has no lease, so no heal ever looks at it again, and an attempt left open by a worker
+    killed between the two writes stayed "running" after its job had finished."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):
         job = Job.objects.fenced(job_id, token).values("project_id").first()
@@ -156,6 +160,9 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
         )
         if changed:
             events.emit(job["project_id"], "job.detached", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
+            failpoints.hit("after_task_id_before_attempt_closed")
+            if attempt_id is not None:
+                attempt_finish(attempt_id, JobAttempt.Outcome.DETACHED, task_id=task_id)
     return bool(changed)
 
 

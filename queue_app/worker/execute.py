@@ -131,9 +131,8 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
-        if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=poll_seconds(provider.family)):
-            attempt_finish(attempt.id, Outcome.DETACHED, task_id=result.task_id)
-        else:
+        seconds = poll_seconds(provider.family)
+        if not transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=seconds, attempt_id=attempt.id):
             attempt_finish(attempt.id, Outcome.LOST, "job taken before the task id was stored", result.task_id)
             _stop_if_cancelled(job, provider, result)
         return None
