@@ -37,11 +37,11 @@ from functools import partial
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
-from django.utils import timezone
 
 from queue_app import providers
 from queue_app.engine import enqueue, events, failpoints, remote_cancel, runners
 from queue_app.engine.attempts import Outcome
+from queue_app.engine.clock import db_now
 from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
 from queue_app.engine.snapshot import resolved_job
@@ -73,7 +73,7 @@ def claim_due(
 
     `busy` maps provider ids to checks already running; with `per_provider`, no provider
     gets more than that many checks at once (the rest wait for a later step)."""
-    now = now or timezone.now()
+    now = now or db_now()
     busy = dict(busy or {})
     due = (
         Job.objects.filter(status=Status.PROCESSING, next_poll_at__lte=now)
@@ -226,7 +226,7 @@ def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
 
 def check_job(job_id, token, *, now=None) -> Applied:
     """Check one claimed detached job and apply the result. Returns what happened."""
-    now = now or timezone.now()
+    now = now or db_now()
     job = detached_job(job_id, token)
     if job is None:
         return Applied.SKIPPED
