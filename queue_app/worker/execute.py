@@ -137,7 +137,7 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
             _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
-    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets)
+    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True)
     return None if stored is Applied.SKIPPED else provider.id
 
 
