@@ -26,6 +26,7 @@ import asyncio
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -270,13 +271,32 @@ class FaultRun(soak.Chaos):
         self.events.append(f"{self.stamp()} PostgreSQL back after {time.monotonic() - began:.2f} s")
 
     def fault_5(self):
-        queued = self.infra.redis_queued(self.args.cluster_name)
-        fault = self.begin_fault("Redis restarted without persistence")
-        fault["broker_tasks_lost"] = queued
-        self.infra.stop_redis()
-        time.sleep(self.rng.uniform(0.5, 2.0))
-        self.infra.start_redis()
-        self.events.append(f"{self.stamp()} Redis back, empty ({queued} queued broker task(s) gone)")
+        # With free workers the broker's list is nearly always empty (each cluster
+        # prefetches its tasks), so the restart would lose nothing. The clusters are
+        # frozen (SIGSTOP) for a few seconds first: meanwhile the poller hands finished
+        # tasks to collectors and the freed slots are claimed, and those tasks wait in
+        # Redis — the ones the restart loses.
+        key = f"django_q:{self.args.cluster_name}:q"
+        frozen = [pid for name in ("worker-a", "worker-b") for pid in self.procs[name].pids()]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            until = time.monotonic() + self.rng.uniform(4.0, 6.0)
+            while time.monotonic() < until:
+                time.sleep(0.2)
+            queued = self.infra.redis_queued(key)
+            fault = self.begin_fault("Redis restarted without persistence")
+            fault["broker_tasks_lost"] = queued
+            self.infra.stop_redis()
+            time.sleep(self.rng.uniform(0.5, 2.0))
+            self.infra.start_redis()
+        finally:
+            for pid in frozen:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        self.events.append(f"{self.stamp()} Redis back, empty: {queued} queued broker task(s) gone; clusters thawed")
         self.live_after_restart = {}
         threading.Thread(target=self.wait_live_event, daemon=True).start()
 
