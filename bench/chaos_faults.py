@@ -167,7 +167,7 @@ class FaultRun(soak.Chaos):
     def mount_media(self):
         media = self.var / "media"
         media.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(media)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(media)], check=True)
         self.mounted = True
 
     def unmount_media(self):
@@ -444,15 +444,17 @@ def run_one(scenario: int, seed: int, args, infra: PrivateInfra) -> list[str]:
     print(f"# chaos-faults scenario {scenario}: {jobs} jobs, seed {seed}", flush=True)
     run.setup()
     try:
-        run.start_processes()
-        run.run()
-    finally:
         try:
-            run.stop()
+            run.start_processes()
+            run.run()
         finally:
-            run.fake.stop()
-            run.unmount_media()
-    run.report()
+            try:
+                run.stop()
+            finally:
+                run.fake.stop()
+        run.report()  # reads the media disk: before it is unmounted
+    finally:
+        run.unmount_media()
     verdict = "all assertions hold" if not run.failures else "FAILED: " + "; ".join(run.failures)
     print(f"chaos-faults scenario {scenario} seed {seed}: {verdict}", flush=True)
     return [f"scenario {scenario} seed {seed}: {failure}" for failure in run.failures]

@@ -102,3 +102,22 @@ def test_a_disk_that_stays_full_fails_the_job_with_the_reason_after_its_attempts
     job = _when_space_returns(job, inline_tasks)
     assert job.status == Status.FAILED and "media disk is full" in job.error and "gave up after 2" in job.error
     assert AlbumItem.objects.filter(job=job).count() == 0 and _media_files() == []
+
+
+def test_nothing_is_sent_to_the_provider_while_the_media_disk_is_full(owner, inline_tasks, monkeypatch):
+    provider = make_provider(owner)
+    project = make_project(owner, provider)
+    [job] = make_drafts(project)
+    real_usage = outputs.shutil.disk_usage
+    monkeypatch.setattr(outputs.shutil, "disk_usage", lambda path: real_usage(path)._replace(free=0))
+    settings.MEDIA_ROOT.mkdir(parents=True, exist_ok=True)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    inline_tasks.run()
+    job.refresh_from_db()
+    assert demo.calls(provider.id) == []  # a result that could not be stored is not paid for
+    assert job.status == Status.PENDING and "media disk is full" in job.error
+    assert job.attempts == 0  # waiting for space costs none of its tries
+
+    monkeypatch.setattr(outputs.shutil, "disk_usage", real_usage)
+    job = _when_space_returns(job, inline_tasks)
+    assert job.status == Status.COMPLETED and len(demo.calls(provider.id)) == 1

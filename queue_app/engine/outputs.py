@@ -20,6 +20,7 @@ import hashlib
 import io
 import logging
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,18 @@ class DiskFull(Exception):
 
 
 FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+MEDIA_FULL_REASON = "waiting for space: the media disk is full, so nothing is sent to the provider until it has room"
+
+
+def media_has_room() -> bool:
+    """Room on the media disk for results (MEDIA_MIN_FREE_BYTES free): a job is not sent
+    when its result could not be stored — a synchronous provider would be paid again."""
+    try:
+        return shutil.disk_usage(settings.MEDIA_ROOT).free >= settings.MEDIA_MIN_FREE_BYTES
+    except FileNotFoundError:  # nothing written yet: the first write creates it
+        return True
 
 
 def _disk_full(error: OSError, size: int) -> DiskFull:

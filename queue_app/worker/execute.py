@@ -21,7 +21,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import ambiguous, dispatch, failpoints, remote_cancel, transitions
+from queue_app.engine import ambiguous, backoff, dispatch, failpoints, outputs, remote_cancel, transitions
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
@@ -104,6 +104,13 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
         attempt_finish(attempt.id, Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
         transitions.job_requeue(
             job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
+        )
+        return None
+    if not job.task_id and not outputs.media_has_room():
+        attempt_finish(attempt.id, Outcome.LOCAL, f"not sent: {outputs.MEDIA_FULL_REASON}")
+        delay = backoff.delay(max(job.attempts, 1))
+        transitions.job_requeue(
+            job.id, token, reason=outputs.MEDIA_FULL_REASON, error_class="local", delay=delay, refund_attempt=True
         )
         return None
     try:
