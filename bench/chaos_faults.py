@@ -156,7 +156,7 @@ class FaultRun(soak.Chaos):
             self.mount_media()
         fast = {}
         if self.scenario == 7:
-            fast = dict(LD_PRELOAD=str(FAKETIME_LIB), FAKETIME="+60s", FAKETIME_DONT_FAKE_MONOTONIC="1")
+            fast = dict(LD_PRELOAD=str(FAKETIME_LIB), FAKETIME="+60s")
         self.procs = {
             "worker-a": runner.manage(self.stack, "worker-a", "qcluster", log_dir=self.logs),
             "worker-b": runner.manage(self.stack, "worker-b", "qcluster", log_dir=self.logs, **fast),
