@@ -442,6 +442,11 @@ def run_one(scenario: int, seed: int, args, infra: PrivateInfra) -> list[str]:
     )
     run = FaultRun(soak_args, scenario, infra)
     print(f"# chaos-faults scenario {scenario}: {jobs} jobs, seed {seed}", flush=True)
+    if "django" in sys.modules and sys.modules["django"].apps.apps.ready:
+        from django.db import connections
+
+        # The database is dropped and made again: the last scenario's connection is gone.
+        connections.close_all()
     run.setup()
     try:
         try:
@@ -476,7 +481,11 @@ def main(argv=None) -> int:
         print(f"# private PostgreSQL :{infra.pg_port}, Redis :{infra.redis_port} in {infra.dir}", flush=True)
         for run_index in range(args.runs):
             for scenario in scenarios:
-                failures += run_one(scenario, seed + run_index, args, infra)
+                try:
+                    failures += run_one(scenario, seed + run_index, args, infra)
+                except Exception as error:  # one broken run must not hide the others' books
+                    print(f"chaos-faults scenario {scenario} seed {seed + run_index}: ERROR {error!r}", flush=True)
+                    failures.append(f"scenario {scenario} seed {seed + run_index}: {error!r}")
     finally:
         infra.stop()
     if failures:
