@@ -442,7 +442,9 @@ def run_one(scenario: int, seed: int, args, infra: PrivateInfra) -> list[str]:
     )
     run = FaultRun(soak_args, scenario, infra)
     print(f"# chaos-faults scenario {scenario}: {jobs} jobs, seed {seed}", flush=True)
-    if "django" in sys.modules and sys.modules["django"].apps.apps.ready:
+    from django.apps import apps
+
+    if apps.ready:
         from django.db import connections
 
         # The database is dropped and made again: the last scenario's connection is gone.
