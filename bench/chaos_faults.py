@@ -255,7 +255,9 @@ class FaultRun(soak.Chaos):
                     )
                 )
                 fields = ("lease_token", "lease_expires_at", "poll_claimed_until", "next_poll_at", "status", "task_id")
-                rows = {row[0]: row[1:] for row in Job.objects.filter(id__in=hit).values_list("id", *fields)}
+                # Jobs that already finished are not waiting for anything.
+                waiting = Job.objects.filter(id__in=hit).exclude(status__in=["completed", "failed"])
+                rows = {row[0]: row[1:] for row in waiting.values_list("id", *fields)}
                 self.begin_fault("space returned", rows)["at"] = fault["freed"]
 
     def fault(self):
@@ -463,6 +465,11 @@ def run_one(scenario: int, seed: int, args, infra: PrivateInfra) -> list[str]:
     finally:
         run.unmount_media()
     verdict = "all assertions hold" if not run.failures else "FAILED: " + "; ".join(run.failures)
+    if run.failures:  # the next scenario starts from an empty directory: keep what explains this one
+        kept = ROOT / "var" / "chaos-faults-failed" / f"scenario-{scenario}-seed-{seed}"
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(run.logs, kept)
+        verdict += f" (logs kept in {kept})"
     print(f"chaos-faults scenario {scenario} seed {seed}: {verdict}", flush=True)
     return [f"scenario {scenario} seed {seed}: {failure}" for failure in run.failures]
 
