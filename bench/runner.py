@@ -105,7 +105,8 @@ def purge_broker(stack: Stack) -> None:
         return
     import redis
 
-    redis.Redis.from_url(stack.redis_url).delete(stack.cluster_name)
+    # django-q2's Redis broker keeps its list under django_q:<cluster name>:q.
+    redis.Redis.from_url(stack.redis_url).delete(f"django_q:{stack.cluster_name}:q")
 
 
 def manage(stack: Stack, name: str, *command: str, log_dir: Path, **env) -> Proc:

@@ -191,6 +191,9 @@ STATIC_URL = "/static/"
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", VAR_DIR / "static"))
 MEDIA_URL = "/media/"
 MEDIA_ROOT = Path(os.getenv("MEDIA_ROOT", VAR_DIR / "media"))
+# Below this much free space on the media disk no job is sent to its provider: a result
+# that cannot be stored would be paid for again once space returns.
+MEDIA_MIN_FREE_BYTES = envint("MEDIA_MIN_FREE_BYTES", 8 * 1024 * 1024)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

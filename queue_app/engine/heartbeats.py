@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat
 
 
@@ -25,7 +26,8 @@ def process_name() -> str:
 
 
 def beat(role: str, *, name: str | None = None, started_at=None) -> None:
-    now = timezone.now()
+    # The database's time: other hosts compare it with theirs (engine/clock.py).
+    now = db_now()
     name = name or f"{role}:{socket.gethostname()}:{os.getpid()}"
     Heartbeat.objects.update_or_create(
         name=name,
@@ -34,13 +36,13 @@ def beat(role: str, *, name: str | None = None, started_at=None) -> None:
 
 
 def alive(role: str, *, now=None) -> int:
-    now = now or timezone.now()
+    now = now or db_now()
     window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
     return Heartbeat.objects.filter(role=role, seen_at__gte=now - window).count()
 
 
 def liveness(*, now=None) -> dict:
-    now = now or timezone.now()
+    now = now or db_now()
     window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
     live = Heartbeat.objects.filter(seen_at__gte=now - window).values_list("role", flat=True)
     roles = list(live)
@@ -71,7 +73,7 @@ def owner_is_dead(owner: str, *, now=None) -> bool:
 
 def host_is_silent(host: str, *, now=None) -> bool:
     """A host that beat before and whose processes have all missed three beats."""
-    now = now or timezone.now()
+    now = now or db_now()
     window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
     beats = Heartbeat.objects.filter(host=host)
     return beats.exists() and not beats.filter(seen_at__gte=now - window).exists()
@@ -80,7 +82,7 @@ def host_is_silent(host: str, *, now=None) -> bool:
 def dead_clusters(*, now=None) -> list[int]:
     """Heartbeat ids of worker clusters that are gone: the process is dead on this host,
     or it missed three beats (any host)."""
-    now = now or timezone.now()
+    now = now or db_now()
     window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
     dead = []
     for beat_id, host, pid, seen_at in Heartbeat.objects.filter(role="worker").values_list("id", "host", "pid", "seen_at"):

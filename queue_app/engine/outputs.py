@@ -8,13 +8,19 @@
 
 A worker that lost the job (healed, cleared, retried) matches no row at step 2 and
 writes nothing: no file, no album item. Writing the same output again overwrites it.
+
+A full media disk (ENOSPC, or a quota: EDQUOT) raises DiskFull: the file being written is
+removed with the others, so nothing half-written stays behind, and the caller lets the job
+wait for space instead of failing it for good.
 """
 
 import dataclasses
+import errno
 import hashlib
 import io
 import logging
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,29 @@ class QuotaExceeded(Exception):
 
 class Fenced(Exception):
     """The job is no longer ours: write nothing."""
+
+
+class DiskFull(Exception):
+    """The media disk has no room for the results (nothing was kept)."""
+
+
+FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+MEDIA_FULL_REASON = "waiting for space: the media disk is full, so nothing is sent to the provider until it has room"
+
+
+def media_has_room() -> bool:
+    """Room on the media disk for results (MEDIA_MIN_FREE_BYTES free): a job is not sent
+    when its result could not be stored — a synchronous provider would be paid again."""
+    try:
+        return shutil.disk_usage(settings.MEDIA_ROOT).free >= settings.MEDIA_MIN_FREE_BYTES
+    except FileNotFoundError:  # nothing written yet: the first write creates it
+        return True
+
+
+def _disk_full(error: OSError, size: int) -> DiskFull:
+    return DiskFull(f"the media disk is full: no room to write the results ({size:,} bytes); waiting for space")
 
 
 @dataclass
@@ -81,12 +110,19 @@ def _dimensions(data: bytes, content_type: str) -> tuple[int | None, int | None]
 
 def _write_tmp(data: bytes) -> Path:
     tmp_dir = Path(settings.MEDIA_ROOT) / "tmp"
-    tmp_dir.mkdir(parents=True, exist_ok=True)
     path = tmp_dir / f"{uuid.uuid4().hex}.part"
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException as error:
+        # The caller discards only the files it was handed: this one, half written, goes here.
+        path.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in FULL_ERRNOS:
+            raise _disk_full(error, len(data)) from error
+        raise
     return path
 
 
@@ -157,7 +193,7 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
     """Store the outputs as album items and complete the job, fenced by `token`, and mark
     the attempt `attempt_id` completed in the same transaction (a kill right after the
     commit cannot leave it "running"). Returns the number of items written.
-    Raises Fenced, QuotaExceeded or a download error."""
+    Raises Fenced, QuotaExceeded, DiskFull or a download error."""
     job = Job.objects.fenced(job_id, token).first()
     if job is None:
         raise Fenced(job_id)
@@ -179,6 +215,18 @@ METADATA_KEYS = ("provider_name", "family", "model", "aspect_ratio", "quality", 
 
 
 def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
+    placed: list[Path] = []  # files moved to a name no item had: removed if the commit fails
+    try:
+        _commit_placing(job, token, prepared, attempt_id, placed)
+    except BaseException as error:
+        for path in placed:
+            path.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in FULL_ERRNOS:
+            raise _disk_full(error, sum(item.size for item in prepared)) from error
+        raise
+
+
+def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, placed: list[Path]) -> None:
     with transaction.atomic():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
@@ -186,7 +234,7 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
         if locked is None:
             raise Fenced(job.id)
         _check_quota(job, prepared)
-        replaced_files = _upsert_items(locked, prepared)
+        replaced_files = _upsert_items(locked, prepared, placed)
         failpoints.hit("after_album_before_complete")
         if not transitions.job_complete(job.id, token):
             raise Fenced(job.id)
@@ -207,14 +255,14 @@ def _check_quota(job: Job, prepared: list[Prepared]) -> None:
         )
 
 
-def _upsert_items(job: Job, prepared: list[Prepared]) -> list[str]:
+def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path]) -> list[str]:
     """Rename the files into place and write one album item per output index; items of
     indexes the new result no longer has go. Returns the files no item names any more."""
     existing = {item.output_index: item for item in AlbumItem.objects.filter(job_id=job.id)}
     replaced_files = []
     for index, item in enumerate(prepared):
-        _place_files(item)
         old = existing.get(index)
+        _place_files(item, placed if old is None else [])
         if old is not None:
             for field in ("file", "poster"):
                 old_name = getattr(old, field).name
@@ -235,14 +283,16 @@ def _upsert_items(job: Job, prepared: list[Prepared]) -> list[str]:
     return replaced_files
 
 
-def _place_files(item: Prepared) -> None:
+def _place_files(item: Prepared, placed: list[Path]) -> None:
     media_root = Path(settings.MEDIA_ROOT)
     if item.tmp_path is not None:
         (media_root / item.name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(item.tmp_path, media_root / item.name)
+        placed.append(media_root / item.name)
         item.tmp_path = None
     if item.poster_tmp is not None:
         os.replace(item.poster_tmp, media_root / item.poster_name)
+        placed.append(media_root / item.poster_name)
         item.poster_tmp = None
 
 

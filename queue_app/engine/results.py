@@ -64,14 +64,23 @@ def detached_job(job_id, token) -> Job | None:
 
 
 def store_outputs(
-    job_id, token, attempt_id, results: list, *, source: str = "the provider", secrets=(), retry_hint: str = ""
+    job_id,
+    token,
+    attempt_id,
+    results: list,
+    *,
+    source: str = "the provider",
+    secrets=(),
+    retry_hint: str = "",
+    disk_full_waits: bool = False,
 ) -> Applied:
     """Write finished outputs and complete the job, closing the attempt `attempt_id` in the
     same commit. COMPLETED, SKIPPED (the job was taken from us: nothing written) or FAILED
     (quota, or the result could not be fetched or written: the job fails and keeps its task
     id; `retry_hint` tells the user a retry collects the result again). A database error is
     raised: it is not the result's fault, and the caller reconnects or leaves the job to
-    healing."""
+    healing. With `disk_full_waits`, a full media disk sends the job back to pending with
+    its task id (`wait_for_space`) instead of failing it."""
     try:
         outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id)
     except outputs.Fenced:
@@ -80,7 +89,10 @@ def store_outputs(
     except DatabaseError:
         raise
     except Exception as error:
-        if isinstance(error, outputs.QuotaExceeded):
+        if disk_full_waits and isinstance(error, outputs.DiskFull):
+            attempt_finish(attempt_id, Outcome.LOCAL, str(error))
+            return wait_for_space(job_id, token, reason=str(error))
+        if isinstance(error, (outputs.QuotaExceeded, outputs.DiskFull)):
             reason = str(error)
         else:
             reason = redact(f"{source} finished but storing the result failed: {error}", secrets)
@@ -89,6 +101,24 @@ def store_outputs(
         transitions.job_fail(job_id, token, reason=f"{reason}. {retry_hint}" if retry_hint else reason, error_class="local")
         return Applied.FAILED
     return Applied.COMPLETED
+
+
+def wait_for_space(job_id, token, *, reason: str) -> Applied:
+    """The media disk is full: nothing is wrong with the result, so the job waits (back to
+    pending after a backoff) and keeps its remote task id, so the next try collects the
+    result it already paid for. Each wait costs one of its tries: a disk that stays full
+    fails the job with the reason, and a retry then collects the result."""
+    job = Job.objects.fenced(job_id, token).select_related("active_provider").first()
+    if job is None:
+        return Applied.SKIPPED
+    max_attempts = job.active_provider.max_attempts if job.active_provider else 1
+    if job.attempts >= max_attempts:
+        done = transitions.job_fail(job.id, token, reason=backoff.give_up_reason(job.attempts, reason), error_class="local")
+        return Applied.FAILED if done else Applied.SKIPPED
+    done = transitions.job_requeue(
+        job.id, token, reason=reason, error_class="local", delay=backoff.delay(job.attempts), keep_task_id=True
+    )
+    return Applied.REQUEUED if done else Applied.SKIPPED
 
 
 def retry_or_give_up(job: Job, token, *, max_attempts: int, reason: str, error_class: str, keep_task_id: bool = True) -> Applied:

@@ -23,10 +23,11 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import events, runs
-from queue_app.engine.attempts import attempts_cancel
+from queue_app.engine import events, failpoints, runs
+from queue_app.engine.attempts import attempt_finish, attempts_cancel
+from queue_app.engine.clock import db_now
 from queue_app.engine.leases import lease_expiry
-from queue_app.models import ErrorClass, Job, Status
+from queue_app.models import ErrorClass, Job, JobAttempt, Status
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
 
@@ -137,10 +138,14 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
     return token
 
 
-def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
+def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt_id=None) -> bool:
     """processing (running) → processing (detached): store the remote task id before
-    anything waits on it. The job keeps its slot; the lease gives way to polling."""
-    now = timezone.now()
+    anything waits on it. The job keeps its slot; the lease gives way to polling.
+
+    The worker's attempt `attempt_id` ends as detached in the same commit: a detached job
+    has no lease, so no heal ever looks at it again, and an attempt left open by a worker
+    killed between the two writes stayed "running" after its job had finished."""
+    now = db_now()  # the poller (any host) compares next_poll_at with the database's clock
     with transaction.atomic(savepoint=False):
         job = Job.objects.fenced(job_id, token).values("project_id").first()
         if not job:
@@ -156,6 +161,9 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float) -> bool:
         )
         if changed:
             events.emit(job["project_id"], "job.detached", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
+            failpoints.hit("after_task_id_before_attempt_closed")
+            if attempt_id is not None:
+                attempt_finish(attempt_id, JobAttempt.Outcome.DETACHED, task_id=task_id)
     return bool(changed)
 
 
@@ -207,18 +215,30 @@ def job_fail(job_id, token, *, reason: str, error_class: str, keep_task_id: bool
     )
 
 
-def job_requeue(job_id, token, *, reason: str, error_class: str, delay: float = 0, refund_attempt: bool = False) -> bool:
+def job_requeue(
+    job_id,
+    token,
+    *,
+    reason: str,
+    error_class: str,
+    delay: float = 0,
+    refund_attempt: bool = False,
+    keep_task_id: bool = False,
+) -> bool:
     """processing → pending, to be tried again after `delay` seconds (backoff). A
-    rate-limited attempt is refunded: the provider's cool-down, not the job, paid for it."""
+    rate-limited attempt is refunded: the provider's cool-down, not the job, paid for it.
+    `keep_task_id`: the remote task finished and its result is still to be collected (a
+    full media disk): the next try adopts it instead of paying again."""
     fields = dict(
         error=reason[:2000],
         error_class=error_class,
-        not_before=timezone.now() + timedelta(seconds=delay) if delay > 0 else None,
+        # The database's clock, which the claim compares it with (engine/clock.py).
+        not_before=Now() + timedelta(seconds=delay) if delay > 0 else None,
         lease_token=None,
-        task_id="",
-        task_observed_at=None,
         next_poll_at=None,
     )
+    if not keep_task_id:
+        fields.update(task_id="", task_observed_at=None)
     if refund_attempt:
         fields["attempts"] = F("attempts") - 1
     return _leave_processing(

@@ -20,10 +20,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Q
-from django.utils import timezone
 
 from queue_app import providers
 from queue_app.engine import runners
+from queue_app.engine.clock import db_now
 from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, Status
@@ -67,7 +67,7 @@ def check_batch(job_ids: list, token, *, adapter, spacing: budget.Spacing, turns
     """Check claimed jobs through the family's list endpoint. Returns the ids left for a
     single check (finished, failed, unseen or timed out); the running ones are released
     for their next cadence here."""
-    now = now or timezone.now()
+    now = now or db_now()
     jobs = list(Job.objects.select_related("active_provider").filter(id__in=job_ids, lease_token=token, status=Status.PROCESSING))
     if not jobs:
         return []

@@ -46,11 +46,11 @@ from functools import partial
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from queue_app import providers
 from queue_app.engine import enqueue, events, failpoints, remote_cancel
 from queue_app.engine.attempts import Outcome
+from queue_app.engine.clock import db_now
 from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
 from queue_app.engine.snapshot import resolved_job
@@ -97,7 +97,7 @@ def claim_due(
     gets more than that many checks at once (the rest wait for a later step). `allowance`
     caps a provider's claims at the status requests its budget allows now;
     `exclude_providers` are checked in batches instead (poll_batch)."""
-    now = now or timezone.now()
+    now = now or db_now()
     busy = dict(busy or {})
     allowance = dict(allowance or {})
     due = poll_batch.due_jobs(now)
@@ -263,7 +263,7 @@ class Poller:
             return 0
         token, job_ids = poll_batch.claim_batch(
             provider_id,
-            now=now or timezone.now(),
+            now=now or db_now(),
             limit=pages * _batch_size(family),
             claim_seconds=POLL_CLAIM_SECONDS,
         )
@@ -392,7 +392,7 @@ def _release_claim(job_id, token, *, family: str, now, **fields) -> bool:
 def check_job(job_id, token, *, now=None, turn=None) -> Applied:
     """Check one claimed detached job and apply the result. Returns what happened.
     `turn` waits for the provider's status budget right before the request."""
-    now = now or timezone.now()
+    now = now or db_now()
     job = detached_job(job_id, token)
     if job is None:
         return Applied.SKIPPED

@@ -22,10 +22,10 @@ from datetime import timedelta
 
 from django.db.models import Q
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from queue_app.engine import ambiguous, backoff, dispatch, heartbeats, runners, transitions
 from queue_app.engine.attempts import Outcome, attempts_interrupt
+from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, Job, JobAttempt, Status
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def _heal(*, include_dead_owners: bool) -> int:
             "project__kind",
         )
     )
-    now = timezone.now()
+    now = db_now()
     healed = 0
     for rows in _batches(stalled.filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
         hold = held_for_attention(rows)
@@ -204,7 +204,7 @@ def recover() -> dict:
 def _recover() -> dict:
     counts = {"healed": 0, "detached_resumed": 0, "runner_adopted": 0, "dispatched": 0}
     counts["healed"] = heal()
-    now = timezone.now()
+    now = db_now()
     detached = (
         Job.objects.filter(status=Status.PROCESSING)
         .exclude(task_id="")

@@ -8,7 +8,7 @@ back to the poller.
 """
 
 from django.db import close_old_connections
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from queue_app import providers
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
@@ -43,7 +43,10 @@ def collect_task(job_id, token) -> Applied:
             return _back_to_polling(job.id, token)
         if isinstance(state, Finished):
             secrets = (provider.api_key, provider.api_secret)
-            return reconnecting_once(job.id, lambda: store_outputs(job.id, token, attempt.id, state.outputs, secrets=secrets))
+            return reconnecting_once(
+                job.id,
+                lambda: store_outputs(job.id, token, attempt.id, state.outputs, secrets=secrets, disk_full_waits=True),
+            )
         if isinstance(state, Failed):
             attempt_finish(attempt.id, Outcome.PERMANENT if state.permanent else Outcome.TRANSIENT, state.reason)
             return apply_failed(job, token, state, max_attempts=provider.max_attempts)
@@ -54,6 +57,6 @@ def collect_task(job_id, token) -> Applied:
 def _back_to_polling(job_id, token) -> Applied:
     """The task is not ready to collect after all: the poller checks it again now."""
     changed = Job.objects.fenced(job_id, token).update(
-        poll_claimed_until=None, next_poll_at=timezone.now(), lease_expires_at=None, lease_owner=""
+        poll_claimed_until=None, next_poll_at=Now(), lease_expires_at=None, lease_owner=""
     )
     return Applied.RUNNING if changed else Applied.SKIPPED

@@ -21,7 +21,7 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import ambiguous, dispatch, failpoints, remote_cancel, transitions
+from queue_app.engine import ambiguous, backoff, dispatch, failpoints, outputs, remote_cancel, transitions
 from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
 from queue_app.engine.leases import LeaseKeeper, leave_to_healing, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
@@ -103,6 +103,13 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
             job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
         )
         return None
+    if not job.task_id and not outputs.media_has_room():
+        attempt_finish(attempt.id, Outcome.LOCAL, f"not sent: {outputs.MEDIA_FULL_REASON}")
+        delay = backoff.delay(max(job.attempts, 1))
+        transitions.job_requeue(
+            job.id, token, reason=outputs.MEDIA_FULL_REASON, error_class="local", delay=delay, refund_attempt=True
+        )
+        return None
     try:
         if job.task_id:
             result = _adopt(adapter, job, request)
@@ -128,14 +135,13 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
-        if transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=poll_seconds(provider.family)):
-            attempt_finish(attempt.id, Outcome.DETACHED, task_id=result.task_id)
-        else:
+        seconds = poll_seconds(provider.family)
+        if not transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=seconds, attempt_id=attempt.id):
             attempt_finish(attempt.id, Outcome.LOST, "job taken before the task id was stored", result.task_id)
             _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
-    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets)
+    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True)
     return None if stored is Applied.SKIPPED else provider.id
 
 
