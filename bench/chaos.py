@@ -147,9 +147,13 @@ class Chaos:
 
     # --- setup ---------------------------------------------------------------------
 
-    def setup(self):
+    def make_fake(self):
+        """The fake provider, started (a subclass may bind it elsewhere)."""
         from tests.fakes.chaos_provider import ChaosProvider
 
+        return ChaosProvider(seed=self.seed).start()
+
+    def setup(self):
         if self.var.exists():
             shutil.rmtree(self.var)
         self.var.mkdir(parents=True)
@@ -157,7 +161,7 @@ class Chaos:
             url = runner.with_database(self.args.database_url, self.args.database)
         else:
             url = f"sqlite:///{self.var / 'chaos.sqlite3'}"
-        self.fake = ChaosProvider(seed=self.seed).start()
+        self.fake = self.make_fake()
         self.stack = runner.Stack(
             database_url=url,
             redis_url=self.args.redis_url,
