@@ -144,6 +144,7 @@ class Chaos:
         self.events: list[str] = []
         self.started_wall = time.time()
         self.failures: list[str] = []
+        self.other_disruptions = "; plus 1 SIGTERM and 1 pg_terminate_backend"
 
     # --- setup ---------------------------------------------------------------------
 
@@ -456,7 +457,7 @@ class Chaos:
             len(kills),
             "SIGKILL",
             f"workers {sum(k['name'] != 'queue' for k in kills)}, queue service "
-            f"{sum(k['name'] == 'queue' for k in kills)}; plus 1 SIGTERM and 1 pg_terminate_backend",
+            f"{sum(k['name'] == 'queue' for k in kills)}{self.other_disruptions}",
         )
         line(
             "kill_to_dispatchable_p100",

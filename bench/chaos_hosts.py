@@ -54,6 +54,12 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        """A client killed mid-request (the faults here) is the fake's ledger's business,
+        not a traceback on the run's output."""
+
+
 class GatewayProvider(ChaosProvider):
     """The fake provider of bench/chaos.py, listening on the bridge so every host reaches
     it, and optionally slow (scenario 3 needs calls in flight across a partition)."""
@@ -73,7 +79,7 @@ class GatewayProvider(ChaosProvider):
         class Handler(_Handler):
             provider = fake
 
-        self.server = ThreadingHTTPServer((hosts.GATEWAY, 0), Handler)
+        self.server = QuietServer((hosts.GATEWAY, 0), Handler)
         self.server.daemon_threads = True
         self.server.request_queue_size = 128
         self.thread = threading.Thread(target=self.server.serve_forever, name="chaos-provider", daemon=True)
@@ -96,6 +102,7 @@ class HostsChaos(Chaos):
         self.var = runner.ROOT / "var" / "chaos_hosts" / f"s{scenario}-{seed}"
         self.logs = self.var / "logs"
         self.faults: list[dict] = []
+        self.other_disruptions = "; a kill here is a host's fault: its death or its partition"
 
     def make_fake(self):
         latency = (6.0, 14.0) if self.scenario == 3 else None
@@ -107,7 +114,11 @@ class HostsChaos(Chaos):
             database_url=self.pg.url(hosts.GATEWAY, self.args.database),
             redis_url=self.redis.url(hosts.GATEWAY),
         )
-        env = host_stack.env(OUTBOUND_ALLOWLIST=f"{hosts.GATEWAY}:{self.fake.port}", LEASE_TTL_SECONDS=LEASE_TTL)
+        more = dict(OUTBOUND_ALLOWLIST=f"{hosts.GATEWAY}:{self.fake.port}", LEASE_TTL_SECONDS=LEASE_TTL)
+        if self.scenario == 3:
+            # The slow provider's tasks take up to 14 s; the soak's 20 s would time them out.
+            more["JOB_PROCESSING_TIMEOUT_MS"] = 60000
+        env = host_stack.env(**more)
         self.procs = {}
         for host in HOSTS:
             for role, command in (("worker", "qcluster"), ("queue", "queue_service")):
