@@ -105,7 +105,7 @@ class HostsChaos(Chaos):
         self.other_disruptions = "; a kill here is a host's fault: its death or its partition"
 
     def make_fake(self):
-        latency = (6.0, 14.0) if self.scenario == 3 else None
+        latency = (10.0, 22.0) if self.scenario == 3 else None
         return GatewayProvider(seed=self.seed, latency=latency).start()
 
     def start_processes(self):
@@ -194,7 +194,7 @@ class HostsChaos(Chaos):
         total = self.args.jobs
         started = time.monotonic()
         self.started_wall = time.time()
-        drain_timeout = 150 if self.args.ci else max(240, total * 2.0)
+        drain_timeout = (240 if self.scenario == 3 else 150) if self.args.ci else max(300, total * 2.0)
         deadline = started + drain_timeout
         self.start_jobs()
         victim = self.rng.choice(HOSTS)
