@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint format migrate chaos bench clean chromium
+.PHONY: run test test-fast lint format migrate chaos chaos-hosts bench clean chromium
 
 $(STAMP): requirements.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): requirements.txt
 
 # Development commands run with DEBUG on (development keys); production sets DEBUG=False
 # with SECRET_KEY and FIELD_ENCRYPTION_KEY (README, Production). `make test` sets its own.
-run migrate lint chaos bench: export DEBUG ?= True
+run migrate lint chaos chaos-hosts bench: export DEBUG ?= True
 
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
@@ -64,6 +64,16 @@ format: $(STAMP)
 N ?= 200
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos --jobs $(N)
+
+# Several hosts and host-level faults (root: network namespaces, nftables, private
+# PostgreSQL and Redis servers): bench/chaos_hosts.py, then bench/chaos_faults.py when
+# present. HOSTS_ARGS passes options to the first, e.g. HOSTS_ARGS="--ci --seed 7 --runs 3",
+# FAULTS_ARGS to the second.
+HOSTS_ARGS ?=
+FAULTS_ARGS ?=
+chaos-hosts: $(STAMP)
+	$(BIN)/python -m bench.chaos_hosts $(HOSTS_ARGS)
+	if [ -f bench/chaos_faults.py ]; then $(BIN)/python -m bench.chaos_faults $(FAULTS_ARGS); fi
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

@@ -144,12 +144,17 @@ class Chaos:
         self.events: list[str] = []
         self.started_wall = time.time()
         self.failures: list[str] = []
+        self.other_disruptions = "; plus 1 SIGTERM and 1 pg_terminate_backend"
 
     # --- setup ---------------------------------------------------------------------
 
-    def setup(self):
+    def make_fake(self):
+        """The fake provider, started (a subclass may bind it elsewhere)."""
         from tests.fakes.chaos_provider import ChaosProvider
 
+        return ChaosProvider(seed=self.seed).start()
+
+    def setup(self):
         if self.var.exists():
             shutil.rmtree(self.var)
         self.var.mkdir(parents=True)
@@ -157,7 +162,7 @@ class Chaos:
             url = runner.with_database(self.args.database_url, self.args.database)
         else:
             url = f"sqlite:///{self.var / 'chaos.sqlite3'}"
-        self.fake = ChaosProvider(seed=self.seed).start()
+        self.fake = self.make_fake()
         self.stack = runner.Stack(
             database_url=url,
             redis_url=self.args.redis_url,
@@ -452,7 +457,7 @@ class Chaos:
             len(kills),
             "SIGKILL",
             f"workers {sum(k['name'] != 'queue' for k in kills)}, queue service "
-            f"{sum(k['name'] == 'queue' for k in kills)}; plus 1 SIGTERM and 1 pg_terminate_backend",
+            f"{sum(k['name'] == 'queue' for k in kills)}{self.other_disruptions}",
         )
         line(
             "kill_to_dispatchable_p100",

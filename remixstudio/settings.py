@@ -122,9 +122,40 @@ def database_from_url(url: str) -> dict:
         db["TEST"] = {"NAME": TEST_DB_NAME or str(VAR_DIR / "test_db.sqlite3")}
         # SQLite connections are cheap; persistent ones would keep WAL readers pinned.
         db["CONN_MAX_AGE"] = 0
-    elif TEST_DB_NAME:
-        db["TEST"] = {"NAME": TEST_DB_NAME}
+    else:
+        db["OPTIONS"] = {**dead_peer_options(), **db.get("OPTIONS", {})}
+        if TEST_DB_NAME:
+            db["TEST"] = {"NAME": TEST_DB_NAME}
     return db
+
+
+# A peer that goes silent (a host cut off by the network, a machine gone) must be given up
+# on in seconds at both ends: the server holds a cut-off session's row locks (a provider's
+# dispatch lock, a job's claim) until it notices, which by the kernel's keepalive default
+# is two hours, stalling every other host; and the cut-off worker's own queries hang for
+# minutes of retransmission. Keepalive probes and ACKs are answered by the kernel, so a
+# long query on a live link is not affected.
+DB_DEAD_PEER_SECONDS = envint("DB_DEAD_PEER_SECONDS", 6)
+
+
+def dead_peer_options() -> dict:
+    idle = max(1, DB_DEAD_PEER_SECONDS // 3)
+    count = 3
+    interval = max(1, (DB_DEAD_PEER_SECONDS - idle) // count)
+    user_timeout_ms = DB_DEAD_PEER_SECONDS * 1000
+    server = (
+        f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} "
+        f"-c tcp_keepalives_count={count} -c tcp_user_timeout={user_timeout_ms}"
+    )
+    return dict(
+        keepalives=1,
+        keepalives_idle=idle,
+        keepalives_interval=interval,
+        keepalives_count=count,
+        tcp_user_timeout=user_timeout_ms,
+        connect_timeout=max(2, DB_DEAD_PEER_SECONDS),
+        options=server,
+    )
 
 
 DATABASES = {"default": database_from_url(DATABASE_URL)}

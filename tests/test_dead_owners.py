@@ -162,3 +162,26 @@ def test_one_heal_reclaims_exactly_the_dead_owners_work(owner, inline_tasks):
     assert all(Job.objects.get(id=j.id).lease_owner != "" for j in live)
     assert all(Job.objects.get(id=j.id).lease_owner == "" for j in dead)
     assert Job.objects.get(id=collector.id).lease_owner == ""
+
+
+def test_a_running_job_on_a_silent_host_keeps_its_lease_until_it_expires(owner, inline_tasks, settings):
+    # A silent host may be cut off by the network with its worker still inside the
+    # provider call: rerunning the job before the lease runs out pays twice and puts one
+    # call more in flight than the provider's concurrency (chaos-hosts scenario 3).
+    [draft] = running_jobs(owner, inline_tasks, 1, "far:99")
+    job = Job.objects.get(id=draft.id)
+    for role, pid in (("worker", 99), ("queue_service", 7)):  # the whole host went quiet
+        Heartbeat.objects.create(
+            name=f"{role}:far:{pid}",
+            role=role,
+            host="far",
+            pid=pid,
+            started_at=timezone.now(),
+            seen_at=timezone.now() - timedelta(seconds=settings.HEARTBEAT_SECONDS * 3 + 1),
+        )
+    recovery.heal()
+    still = Job.objects.get(id=job.id)
+    assert still.status == Status.PROCESSING and still.lease_token == job.lease_token and still.lease_owner == "far:99"
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    recovery.heal()
+    assert Job.objects.get(id=job.id).lease_token != job.lease_token

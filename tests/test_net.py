@@ -288,3 +288,43 @@ def test_the_comfyui_socket_checks_the_address_it_connects_to(monkeypatch, setti
         assert inside.accepted >= 1
     finally:
         inside.close()
+
+
+def test_a_call_stuck_on_a_provider_that_keeps_working_returns_once_aborted_from_another_thread(settings):
+    # A worker whose lease may have run out (its host cut off from the database) must
+    # leave the provider call another host may be repeating (chaos-hosts scenario 3).
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    host, port = server.getsockname()
+    settings.OUTBOUND_ALLOWLIST = [f"http://{host}:{port}"]
+    received = threading.Event()
+
+    def silent_provider():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        received.set()
+        conn.recv(1)  # works on, answers never; returns when the client goes
+
+    threading.Thread(target=silent_provider, daemon=True).start()
+    outcome = []
+
+    def worker(handle_box):
+        with net.abortable() as abort:
+            handle_box.append(abort)
+            try:
+                net.request("POST", f"http://{host}:{port}/v1/images", json={}, timeout=(5, 60))
+            except requests.RequestException as error:
+                outcome.append(error)
+
+    box = []
+    thread = threading.Thread(target=worker, args=(box,), daemon=True)
+    thread.start()
+    assert received.wait(10)
+    box[0]()  # from this thread, as the lease watch does
+    thread.join(timeout=10)
+    server.close()
+    assert not thread.is_alive() and len(outcome) == 1

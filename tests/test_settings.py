@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from remixstudio.settings import database_from_url
 
 
@@ -46,3 +48,31 @@ def test_redis_url_switches_the_broker_and_the_channel_layer():
     assert s["q"]["redis"] == "redis://cache.example:6380/2" and "orm" not in s["q"]
     assert s["layer"] == "channels_redis.core.RedisChannelLayer"
     assert s["db"]["ENGINE"] == "django.db.backends.postgresql"
+
+
+def test_a_postgres_connection_gives_up_on_a_vanished_peer_within_seconds_at_both_ends():
+    # A host cut off mid-transaction kept its row locks (a provider's dispatch lock, a
+    # job's poll claim) until the link came back, and its own queries hung for the
+    # kernel's minutes of retransmission: both ends must notice a silent peer in seconds.
+    db = database_from_url("postgres://app:pw@db.example:5433/remix")
+    options = db["OPTIONS"]
+    assert options["keepalives"] == 1 and options["keepalives_idle"] <= 3 and options["keepalives_count"] <= 5
+    assert 0 < options["tcp_user_timeout"] <= 10_000 and options["connect_timeout"] <= 10
+    server = dict(part.split("=") for part in options["options"].replace("-c ", "").split())
+    assert int(server["tcp_keepalives_idle"]) <= 3 and int(server["tcp_user_timeout"]) <= 10_000
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_server_drops_a_session_whose_client_went_silent_within_seconds():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, setting::int FROM pg_settings WHERE name IN "
+            "('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')"
+        )
+        server = dict(cursor.fetchall())
+    # Seconds until an idle session's silent client is given up on, and ms for unanswered data.
+    assert 0 < server["tcp_keepalives_idle"] + server["tcp_keepalives_interval"] * server["tcp_keepalives_count"] <= 10
+    assert 0 < server["tcp_user_timeout"] <= 10_000

@@ -71,6 +71,14 @@ def owner_is_dead(owner: str, *, now=None) -> bool:
     return bool(host) and host_is_silent(host, now=now)
 
 
+def death_is_certain(owner: str) -> bool:
+    """Only the kernel of the owner's own host can tell a dead process from a live one cut
+    off by the network; another host's silence may be a partition, its workers still
+    inside provider calls."""
+    host, _, pid = owner.rpartition(":")
+    return pid.isdigit() and host == socket.gethostname() and not pid_alive(int(pid))
+
+
 def host_is_silent(host: str, *, now=None) -> bool:
     """A host that beat before and whose processes have all missed three beats."""
     now = now or db_now()

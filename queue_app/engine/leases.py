@@ -8,6 +8,7 @@ in `transitions` — so a lost lease is learnt from a renewal that matches no ro
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -53,30 +54,50 @@ def lease_reissue(job_id, token, *, hold: timedelta) -> uuid.UUID | None:
 
 
 class LeaseKeeper:
-    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread; `lost` is set
-    when the renewal matches no row (the job was taken from us)."""
+    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread. `lost` is set
+    when a renewal matches no row (the job was taken from us), or when no renewal has
+    succeeded for LEASE_TTL_SECONDS - LEASE_RENEW_SECONDS (the database unreachable, as
+    when this host is cut off): by then the lease may be over and another host rerunning
+    the job. Either way `on_lost` is called, so the worker leaves the provider call
+    rather than hold one slot twice at the provider."""
 
-    def __init__(self, job_id, token):
+    def __init__(self, job_id, token, *, on_lost: Callable[[], None] | None = None):
         self.job_id, self.token = job_id, token
         self.lost = threading.Event()
+        self.on_lost = on_lost
+        # The lease was taken (or claimed) just before: its expiry counts from about now.
+        self._started = self._confirmed = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
+        self._watch = threading.Thread(target=self._watch_deadline, name=f"lease-watch-{job_id}", daemon=True)
 
     def __enter__(self):
         self._thread.start()
+        self._watch.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=5)
+        self._watch.join(timeout=5)
+
+    def _lose(self, why: str) -> None:
+        if self.lost.is_set():
+            return
+        self.lost.set()
+        log.warning("job %s: %s; leaving the provider call", self.job_id, why)
+        if self.on_lost is not None:
+            self.on_lost()
 
     def _run(self):
         try:
             while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
+                sent = time.monotonic()  # the new expiry counts from no earlier than this
                 try:
                     if not lease_renew(self.job_id, self.token):
-                        self.lost.set()
+                        self._lose("the lease was taken from this worker")
                         return
+                    self._confirmed = sent
                 except DatabaseError:
                     # Django never reopens a broken connection by itself: close it so the
                     # next renewal connects afresh, or the lease lapses under a live worker.
@@ -84,6 +105,16 @@ class LeaseKeeper:
                     connection.close()
         finally:
             connection.close()
+
+    def _watch_deadline(self):
+        """Apart from the renewals, which may hang on a database that went silent."""
+        margin = max(settings.LEASE_TTL_SECONDS - settings.LEASE_RENEW_SECONDS, settings.LEASE_TTL_SECONDS / 2)
+        while not self._stop.wait(min(0.5, settings.LEASE_RENEW_SECONDS / 2)):
+            if self.lost.is_set():
+                return
+            if time.monotonic() - self._confirmed >= margin:
+                self._lose(f"the lease could not be renewed for {margin:g} s")
+                return
 
 
 def leave_to_healing(job_id, doing: str) -> None:

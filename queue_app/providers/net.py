@@ -10,6 +10,8 @@
 - the address a connection actually reached is checked again once the socket is open,
   before a byte is sent: a name that answers the check with a public address and the
   connection with a private one (DNS rebinding) is refused there.
+- a call can be stopped from another thread (`abortable`): a worker whose lease may
+  have run out must not stay inside a provider call another host may be repeating;
 - WebSockets (the ComfyUI runner's listener, aiohttp) go through `ws_session`: the same
   URL check, no redirects, and the address each socket connects to checked first.
 
@@ -17,8 +19,10 @@ The policy's names (`check_url`, `UnsafeURL`, `purpose`, ...) are re-exported he
 caller imports one module for outbound calls.
 """
 
+import contextlib
 import contextvars
 import socket
+import threading
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -55,11 +59,71 @@ def _check_peer(host: str, port: int | None, sock) -> None:
         raise UnsafeURL(f"address not allowed: {host!r} connected to an address that is not public")
 
 
+# --- Abortable calls -------------------------------------------------------------------
+
+_abort = contextvars.ContextVar("outbound_abort", default=None)
+
+
+class Abort:
+    """Stops, from another thread, the calls this thread makes under `abortable()`: their
+    sockets are shut down, so a read blocked on a provider that is still working returns
+    at once (close() alone does not wake it). A worker whose lease may have run out uses
+    it: another host may already be running the same job."""
+
+    def __init__(self):
+        self._sockets: set = set()
+        self._lock = threading.Lock()
+        self.fired = threading.Event()
+
+    def track(self, sock) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.add(sock)
+        if self.fired.is_set():
+            _shut(sock)
+
+    def __call__(self) -> None:
+        self.fired.set()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def abortable():
+    """Calls made in this block can be stopped by calling the yielded `Abort`."""
+    handle = Abort()
+    token = _abort.set(handle)
+    try:
+        yield handle
+    finally:
+        _abort.reset(token)
+
+
+def _track_socket(conn) -> None:
+    handle = _abort.get()
+    if handle is not None:
+        handle.track(conn.sock)
+
+
 class _GuardedHTTPConnection(urllib3.connection.HTTPConnection):
     def _new_conn(self):
         sock = super()._new_conn()
         _check_peer(self.host, self.port, sock)
         return sock
+
+    def getresponse(self, *args, **kwargs):
+        _track_socket(self)
+        return super().getresponse(*args, **kwargs)
 
 
 class _GuardedHTTPSConnection(urllib3.connection.HTTPSConnection):
@@ -67,6 +131,10 @@ class _GuardedHTTPSConnection(urllib3.connection.HTTPSConnection):
         sock = super()._new_conn()
         _check_peer(self.host, self.port, sock)
         return sock
+
+    def getresponse(self, *args, **kwargs):
+        _track_socket(self)
+        return super().getresponse(*args, **kwargs)
 
 
 class _GuardedHTTPPool(urllib3.HTTPConnectionPool):

@@ -1,8 +1,9 @@
 """The recovery scan (on every start) and healing (on the queue service's timer).
 
 Both act only on work whose owner is gone — a lease that has expired, or whose owner
-process is known dead (the kernel on this host, heartbeats across hosts) — so they are
-safe while other hosts' workers run. A worker cluster that died may also hold hand-offs
+process is known dead (the kernel on this host; heartbeats across hosts, for what does
+not call a provider: untaken hand-offs and collections) — so they are safe while other
+hosts' workers run, or are cut off by the network inside a provider call. A worker cluster that died may also hold hand-offs
 nobody has taken yet (claims and collections in its local queue, up to django-q2's
 `queue_limit`): those have no owner to ask about, so a cluster's death releases every
 untaken hand-off at once. The lease token fences out any copy a live cluster still has.
@@ -167,7 +168,11 @@ def _heal_dead_owners(stalled, now) -> int:
     if not dead:
         return 0
     healed = 0
-    for rows in _batches(stalled.filter(lease_expires_at__gte=now, lease_owner__in=dead)):
+    # A running job of a silent host waits for its lease: rerunning it while a cut-off
+    # worker is still inside the provider call would pay twice and put one call more in
+    # flight than the provider's concurrency allows. Collections below only download.
+    certain = [owner for owner in dead if heartbeats.death_is_certain(owner)]
+    for rows in _batches(stalled.filter(lease_expires_at__gte=now, lease_owner__in=certain)):
         hold = held_for_attention(rows)
         for job_id, owner, attempts, max_attempts, *_ in rows:
             if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True, hold=job_id in hold):

@@ -28,7 +28,7 @@ from queue_app.engine.provider_state import cool_down, pause_for_account
 from queue_app.engine.results import Applied, fail_job, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import ErrorClass, Job, JobAttempt, Provider, Status
-from queue_app.providers import adapter_for, poll_seconds
+from queue_app.providers import adapter_for, net, poll_seconds
 from queue_app.providers.base import (
     AccountError,
     AmbiguousError,
@@ -77,7 +77,8 @@ def execute_one(job_id, token) -> int | None:
         return None
     provider = job.active_provider
     try:
-        with LeaseKeeper(job.id, token) as keeper:
+        # A lost lease stops the provider call: another host may be running the job again.
+        with net.abortable() as abort, LeaseKeeper(job.id, token, on_lost=abort) as keeper:
             return _execute(job, token, provider, attempt, keeper)
     except DatabaseError:
         leave_to_healing(job.id, "executing")

@@ -1,0 +1,46 @@
+"""The lease keeper of a running job: renewals, and leaving the provider call when the
+lease is gone or may be (chaos-hosts scenario 3: a host cut off from the database)."""
+
+import threading
+
+from django.db import OperationalError
+
+from queue_app.engine import leases
+from tests.procs import wait_for
+
+
+def test_a_worker_that_cannot_reach_the_database_leaves_the_provider_call_before_its_lease_can_run_out(settings, monkeypatch):
+    settings.LEASE_TTL_SECONDS = 1.0
+    settings.LEASE_RENEW_SECONDS = 0.2
+
+    def unreachable(job_id, token):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(leases, "lease_renew", unreachable)
+    left = threading.Event()
+    keeper = leases.LeaseKeeper("job-1", "token-1", on_lost=left.set)
+    with keeper:
+        wait_for(left.is_set, timeout=5, interval=0.05, message="the worker to leave the call")
+        # The other host heals only after the lease's expiry, which counts from the take.
+        assert leases.time.monotonic() - keeper._started < settings.LEASE_TTL_SECONDS
+    assert keeper.lost.is_set()
+
+
+def test_a_worker_that_renews_keeps_its_call(settings, monkeypatch):
+    settings.LEASE_TTL_SECONDS = 0.6
+    settings.LEASE_RENEW_SECONDS = 0.1
+    renewals = []
+    monkeypatch.setattr(leases, "lease_renew", lambda job_id, token: renewals.append(1) or True)
+    left = threading.Event()
+    with leases.LeaseKeeper("job-1", "token-1", on_lost=left.set):
+        wait_for(lambda: len(renewals) >= 10, timeout=5, interval=0.05, message="ten renewals")
+    assert not left.is_set()
+
+
+def test_a_worker_whose_job_was_taken_leaves_the_provider_call(settings, monkeypatch):
+    settings.LEASE_RENEW_SECONDS = 0.1
+    monkeypatch.setattr(leases, "lease_renew", lambda job_id, token: False)
+    left = threading.Event()
+    with leases.LeaseKeeper("job-1", "token-1", on_lost=left.set) as keeper:
+        wait_for(left.is_set, timeout=5, interval=0.05, message="the worker to leave the call")
+    assert keeper.lost.is_set()
