@@ -158,6 +158,9 @@ def main(argv=None) -> int:
     line("recovery_scan_peak_python_alloc", f"{peak / 1e6:.1f}", "MB", "tracemalloc peak")
     line("recovery_scan_rss_growth", f"{rss_growth / 1e6:.1f}", "MB")
     Job.objects.all().delete()
+    if args.detached <= 0:
+        fake.stop()
+        return 0
 
     # --- one detached poll cycle ---------------------------------------------------
     key = "r8_bench_" + uuid.uuid4().hex

@@ -6,8 +6,8 @@
    database write lock), so claims for one provider are serialised across processes;
 2. read the slot numbers its processing jobs hold — those jobs are the active slots,
    there is no counter to drift;
-3. claim the oldest dispatchable pending jobs into the free slot numbers with
-   compare-and-sets that also write the resolved snapshot and a fresh lease;
+3. claim the oldest dispatchable pending jobs into the free slot numbers in one
+   UPDATE that also writes each job's resolved snapshot and a fresh lease;
 4. enqueue their execution in the same transaction (ORM broker: atomic with the claim)
    or on commit (Redis broker).
 
@@ -104,12 +104,10 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
             # concurrency of millions must not build a list of millions here).
             candidates = list(dispatchable_jobs(provider_id).select_related("project")[:room])
             free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
-            for job, slot in zip(candidates, free, strict=False):
-                token = transitions.job_claim(
-                    job, provider_id=provider_id, slot=slot, snapshot=snapshot.build(job, job.project, provider), owner=""
-                )
-                if token is not None:
-                    claimed.append((job.id, token))
+            claims = [
+                (job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)
+            ]
+            claimed = transitions.jobs_claim(claims, provider_id=provider_id, owner="")
             to_enqueue = claimed[1:] if hold_one else claimed
             for job_id, token in to_enqueue:
                 enqueue.enqueue_execution(job_id, token)
