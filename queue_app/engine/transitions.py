@@ -362,7 +362,9 @@ def _jobs_leave_stalled(job_ids, *, lease_gone: Q, new_status: str, kind: str, f
         Job.objects.filter(stalled, id__in=ids).update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
         attempts_interrupt(ids)
         events.emit_grouped([(project_id, kind, job_id, new_status, payload) for job_id, project_id, _ in rows])
-        _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows})
+        # A freed provider slot wakes its provider; only a job without one (a runner's)
+        # wakes its project — a project wake reads all its pending work, per batch.
+        _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows if not row[2]})
     return ids
 
 
