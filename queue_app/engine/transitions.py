@@ -107,28 +107,12 @@ def _jobs_claim_chunk(claims, *, provider_id: int, owner: str) -> list[tuple]:
     if not claims:
         return []
     by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
-    dispatchable = Q(status=Status.PENDING) & (Q(not_before__isnull=True) | Q(not_before__lte=Now()))
+    tokens = {job_id: uuid.uuid4() for job_id in by_id}
     with transaction.atomic(savepoint=False):
-        # Locked first, so the ids we report are exactly the rows the UPDATE moves.
-        moving = set(lock_jobs(Job.objects.filter(dispatchable, id__in=list(by_id))).values_list("id", flat=True))
-        if not moving:
-            return []
-        ids = [job_id for job_id in by_id if job_id in moving]
-        tokens = {job_id: uuid.uuid4() for job_id in ids}
-        _claim_into_slots([(job_id, provider_id, by_id[job_id][1], tokens[job_id], by_id[job_id][2]) for job_id in ids])
-        Job.objects.filter(id__in=ids, status=Status.PROCESSING).update(
-            lease_owner=owner,
-            # Until a worker takes it (lease_take), the claim waits in the broker: a
-            # longer lease, so a busy broker does not get its claims healed away.
-            lease_expires_at=lease_expiry(settings.CLAIM_TTL_SECONDS),
-            attempts=F("attempts") + 1,
-            started_at=timezone.now(),
-            not_before=None,
-            progress=None,
-            poll_failures=0,
-            next_poll_at=None,
-            poll_claimed_until=None,
+        moved = _claim_into_slots(
+            [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in by_id.items()], owner=owner
         )
+        ids = [job_id for job_id in by_id if job_id in moved]
         events.emit_grouped(
             [
                 (by_id[job_id][0].project_id, "job.claimed", job_id, Status.PROCESSING, {"slot": by_id[job_id][1]})
@@ -138,23 +122,41 @@ def _jobs_claim_chunk(claims, *, provider_id: int, owner: str) -> list[tuple]:
     return [(job_id, tokens[job_id]) for job_id in ids]
 
 
-def _claim_into_slots(rows) -> None:
-    """What differs per claimed job — (id, provider, slot, lease token, snapshot) — in one
-    UPDATE … FROM (VALUES …) (PostgreSQL and SQLite alike): status, provider and slot
-    change together, as the slot constraint asks. Django's CASE/WHEN form of this spent
-    more time building expressions than the database spent on the claim."""
+def _claim_into_slots(rows, *, owner: str) -> set:
+    """The claim's compare-and-set for many jobs in one statement, UPDATE … FROM (VALUES …)
+    … RETURNING (PostgreSQL and SQLite alike): each row (id, provider, slot, lease token,
+    snapshot) moves only if its job is still pending and due; status, provider and slot
+    change together, as the slot constraint asks. Returns the ids that moved. (Django's
+    CASE/WHEN form spent more time building expressions than the database spent on the
+    claim, and needed a second UPDATE for the shared fields.)"""
     table = Job._meta.db_table
     fields = [Job._meta.get_field(name) for name in ("id", "active_provider", "slot", "lease_token", "resolved")]
     casts = ("::uuid", "::bigint", "::integer", "::uuid", "::jsonb") if connection.vendor == "postgresql" else ("",) * 5
     row = "(" + ", ".join(f"%s{cast}" for cast in casts) + ")"
     params = [field.get_db_prep_value(value, connection) for values in rows for field, value in zip(fields, values, strict=True)]
+    # Until a worker takes it (lease_take), the claim waits in the broker: a longer
+    # lease, so a busy broker does not get its claims healed away.
+    expiry_sql, expiry_params = _compiled(lease_expiry(settings.CLAIM_TTL_SECONDS))
+    now_sql, now_params = _compiled(Now())
+    started_at = Job._meta.get_field("started_at").get_db_prep_value(timezone.now(), connection)
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
-            f"lease_token = v.column4, resolved = v.column5 "
-            f"FROM (VALUES {', '.join([row] * len(rows))}) AS v WHERE {table}.id = v.column1 AND {table}.status = %s",
-            [Status.PROCESSING, *params, Status.PENDING],
+            f"lease_token = v.column4, resolved = v.column5, lease_owner = %s, lease_expires_at = {expiry_sql}, "
+            "attempts = attempts + 1, started_at = %s, not_before = NULL, progress = NULL, poll_failures = 0, "
+            "next_poll_at = NULL, poll_claimed_until = NULL "
+            f"FROM (VALUES {', '.join([row] * len(rows))}) AS v WHERE {table}.id = v.column1 AND {table}.status = %s "
+            f"AND ({table}.not_before IS NULL OR {table}.not_before <= {now_sql}) RETURNING {table}.id",
+            [Status.PROCESSING, owner, *expiry_params, started_at, *params, Status.PENDING, *now_params],
         )
+        return {Job._meta.pk.to_python(job_id) for (job_id,) in cursor.fetchall()}
+
+
+def _compiled(expression) -> tuple[str, list]:
+    """A Django expression as SQL and parameters for this database (Now() differs)."""
+    query = Job.objects.all().query
+    sql, params = query.get_compiler(connection=connection).compile(expression.resolve_expression(query))
+    return sql, list(params)
 
 
 def lock_jobs(queryset):
