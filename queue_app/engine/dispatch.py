@@ -181,6 +181,11 @@ def providers_with_work() -> list[int]:
 
 def ping_safety_net() -> int:
     """Dispatch every provider that has work and room. Returns how many it claimed."""
+    deferred = getattr(_local, "deferred", None)
+    if deferred is not None:
+        # Inside deferred_wakes (the recovery scan): the provider wake-ups collected so far
+        # are covered by this pass; dispatching them again at the end finds no room.
+        deferred[1].clear()
     total = 0
     for provider_id in providers_with_work():
         total += len(dispatch(provider_id))
