@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         f"{elapsed:.2f}",
         "s",
         f"{args.pending} pending + {args.processing} processing; healed {counts['healed']}, claimed {counts['dispatched']}; "
-        f"before: {BEFORE_SECONDS} s",
+        f"before, per job: {BEFORE_SECONDS} s on PostgreSQL at 100,000 + 10,000",
     )
     line("recovery_scan_rss_growth", f"{rss_growth / 1e6:.1f}", "MB")
     # The same work again under tracemalloc (which slows allocation-heavy Python several
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         f"{peak / 1e6:.1f}",
         "MB",
         f"tracemalloc peak; healed {again['healed']}, claimed {again['dispatched']} in {traced:.1f} s traced; "
-        f"before: {BEFORE_PEAK_MB} MB",
+        f"before, per job: {BEFORE_PEAK_MB} MB",
     )
     Job.objects.all().delete()
     if args.detached <= 0:
