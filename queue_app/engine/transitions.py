@@ -7,7 +7,10 @@
 
 A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
 one row changed. From the wrong state it is a no-op that returns False — never an
-exception, never a partial write: losing a race is a normal outcome. Transitions that
+exception, never a partial write: losing a race is a normal outcome. The batch forms
+(jobs_claim, jobs_heal, jobs_fail_stalled, jobs_hold_stalled) are the same compare-and-set
+over a set of rows in one statement — the rows that no longer match are left out and
+reported as not moved — so the recovery scan's cost follows batches, not jobs. Transitions that
 leave `processing` free the slot in the same UPDATE and wake dispatch after commit.
 Each one records its live event in the same transaction. Nested in a caller's
 transaction (the output writer's, dispatch's) they add no savepoint: a transition that
