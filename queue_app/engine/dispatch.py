@@ -6,8 +6,8 @@
    database write lock), so claims for one provider are serialised across processes;
 2. read the slot numbers its processing jobs hold — those jobs are the active slots,
    there is no counter to drift;
-3. claim the oldest dispatchable pending jobs into the free slot numbers with
-   compare-and-sets that also write the resolved snapshot and a fresh lease;
+3. claim the oldest dispatchable pending jobs into the free slot numbers in one
+   UPDATE that also writes each job's resolved snapshot and a fresh lease;
 4. enqueue their execution in the same transaction (ORM broker: atomic with the claim)
    or on commit (Redis broker).
 
@@ -24,7 +24,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 
 from queue_app.engine import enqueue, runners, snapshot, transitions
-from queue_app.models import Job, Provider, Status
+from queue_app.models import Job, Project, Provider, Status
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,13 @@ def deferred_wakes():
 
 def dispatchable_jobs(provider_id: int):
     """Pending jobs this provider would run now, oldest started first."""
+    # The provider's projects as a list of ids, not a join: PostgreSQL then reads only this
+    # provider's and these projects' pending jobs from their indexes (a BitmapOr) instead
+    # of joining every pending job to its project (83 ms a dispatch at 110,000 pending).
+    projects = list(Project.objects.filter(provider_id=provider_id).values_list("id", flat=True))
     return (
         Job.objects.filter(status=Status.PENDING)
-        .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
+        .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project_id__in=projects))
         .exclude(project__kind__in=runners.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .order_by("queued_at", "created_at", "id")
@@ -104,12 +108,10 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
             # concurrency of millions must not build a list of millions here).
             candidates = list(dispatchable_jobs(provider_id).select_related("project")[:room])
             free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
-            for job, slot in zip(candidates, free, strict=False):
-                token = transitions.job_claim(
-                    job, provider_id=provider_id, slot=slot, snapshot=snapshot.build(job, job.project, provider), owner=""
-                )
-                if token is not None:
-                    claimed.append((job.id, token))
+            claims = [
+                (job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)
+            ]
+            claimed = transitions.jobs_claim(claims, provider_id=provider_id, owner="")
             to_enqueue = claimed[1:] if hold_one else claimed
             for job_id, token in to_enqueue:
                 enqueue.enqueue_execution(job_id, token)
@@ -179,6 +181,11 @@ def providers_with_work() -> list[int]:
 
 def ping_safety_net() -> int:
     """Dispatch every provider that has work and room. Returns how many it claimed."""
+    deferred = getattr(_local, "deferred", None)
+    if deferred is not None:
+        # Inside deferred_wakes (the recovery scan): the provider wake-ups collected so far
+        # are covered by this pass; dispatching them again at the end finds no room.
+        deferred[1].clear()
     total = 0
     for provider_id in providers_with_work():
         total += len(dispatch(provider_id))

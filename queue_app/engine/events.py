@@ -72,14 +72,46 @@ def emit(project_id: int, kind: str, job_id=None, status: str = "", payload: dic
     emit_many(project_id, [(kind, job_id, status, payload or {})])
 
 
-def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> None:
-    """Events over several projects, taken in project id order so two transactions
-    that touch the same projects lock their rows in the same order (no deadlock)."""
+def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> list[ProjectEvent]:
+    """Events over several projects, in three statements whatever their number (one
+    counter upsert, one insert, one broadcast): a heal or claim of thousands of jobs writes
+    its events per batch, not per job or project. The counters are taken in project id
+    order, so two transactions that touch the same projects lock them in the same order
+    (no deadlock)."""
     by_project = defaultdict(list)
     for project_id, kind, job_id, status, payload in items:
         by_project[project_id].append((kind, job_id, status, payload))
+    if not by_project:
+        return []
+    last = _bump_many({project_id: len(group) for project_id, group in by_project.items()})
+    rows = []
     for project_id in sorted(by_project):
-        emit_many(project_id, by_project[project_id])
+        group = by_project[project_id]
+        first = last[project_id] - len(group) + 1
+        rows += [
+            ProjectEvent(
+                project_id=project_id, seq=first + offset, kind=kind, job_id=job_id, status=status or "", payload=payload or {}
+            )
+            for offset, (kind, job_id, status, payload) in enumerate(group)
+        ]
+    ProjectEvent.objects.bulk_create(rows, batch_size=2000)
+    transaction.on_commit(lambda: broadcast(rows))
+    return rows
+
+
+def _bump_many(counts: dict[int, int]) -> dict[int, int]:
+    """_bump for several projects in one upsert (rows in project id order): {project: last}."""
+    table = EventCounter._meta.db_table
+    project_ids = sorted(counts)
+    values = ", ".join(["(%s, %s)"] * len(project_ids))
+    params = [value for project_id in project_ids for value in (project_id, counts[project_id])]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (project_id, last) VALUES {values} "
+            f"ON CONFLICT (project_id) DO UPDATE SET last = {table}.last + excluded.last RETURNING project_id, last",
+            params,
+        )
+        return dict(cursor.fetchall())
 
 
 def as_message(event: ProjectEvent) -> dict:

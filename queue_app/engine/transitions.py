@@ -7,24 +7,30 @@
 
 A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
 one row changed. From the wrong state it is a no-op that returns False — never an
-exception, never a partial write: losing a race is a normal outcome. Transitions that
+exception, never a partial write: losing a race is a normal outcome. The batch forms
+(jobs_claim, jobs_heal, jobs_fail_stalled, jobs_hold_stalled) are the same compare-and-set
+over a set of rows in one statement — the rows that no longer match are left out and
+reported as not moved — so the recovery scan's cost follows batches, not jobs. Transitions that
 leave `processing` free the slot in the same UPDATE and wake dispatch after commit.
 Each one records its live event in the same transaction. Nested in a caller's
 transaction (the output writer's, dispatch's) they add no savepoint: a transition that
 raises rolls the caller back too, which is what every caller wants.
+
+Over 400 lines on purpose: the state machine is read in one place (ARCHITECTURE,
+invariant 2), its batch forms beside the single ones.
 """
 
 import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from queue_app.engine import events, failpoints, runs
-from queue_app.engine.attempts import attempt_finish, attempts_cancel
+from queue_app.engine.attempts import attempt_finish, attempts_cancel, attempts_interrupt
 from queue_app.engine.clock import db_now
 from queue_app.engine.leases import lease_expiry
 from queue_app.models import ErrorClass, Job, JobAttempt, Status
@@ -86,33 +92,86 @@ def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: s
     """pending → processing, into a free slot of `provider_id`, with the resolved snapshot
     and a fresh lease. Call inside dispatch's transaction, which holds the provider lock.
     Returns the lease token, or None when the job was no longer pending."""
-    token = uuid.uuid4()
-    changed = (
-        Job.objects.filter(id=job.id, status=Status.PENDING)
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
-        .update(
-            status=Status.PROCESSING,
-            active_provider_id=provider_id,
-            slot=slot,
-            resolved=snapshot,
-            lease_owner=owner,
-            lease_token=token,
-            # Until a worker takes it (lease_take), the claim waits in the broker: a
-            # longer lease, so a busy broker does not get its claims healed away.
-            lease_expires_at=lease_expiry(settings.CLAIM_TTL_SECONDS),
-            attempts=F("attempts") + 1,
-            started_at=timezone.now(),
-            not_before=None,
-            progress=None,
-            poll_failures=0,
-            next_poll_at=None,
-            poll_claimed_until=None,
+    claimed = jobs_claim([(job, slot, snapshot)], provider_id=provider_id, owner=owner)
+    return claimed[0][1] if claimed else None
+
+
+CLAIM_CHUNK = 500  # jobs per claiming UPDATE: one CASE arm per job and field
+
+
+def jobs_claim(claims, *, provider_id: int, owner: str) -> list[tuple]:
+    """job_claim for many jobs at once: `claims` is [(job, slot, snapshot)]. Each job gets
+    its own slot, snapshot and lease token in one UPDATE per chunk, one event write per
+    project. Call inside dispatch's transaction. Returns [(job_id, token)] that moved, in
+    the order given; a job no longer pending (or locked by a canceller) is left out."""
+    claimed = []
+    for start in range(0, len(claims), CLAIM_CHUNK):
+        claimed += _jobs_claim_chunk(claims[start : start + CLAIM_CHUNK], provider_id=provider_id, owner=owner)
+    return claimed
+
+
+def _jobs_claim_chunk(claims, *, provider_id: int, owner: str) -> list[tuple]:
+    if not claims:
+        return []
+    by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
+    tokens = {job_id: uuid.uuid4() for job_id in by_id}
+    with transaction.atomic(savepoint=False):
+        moved = _claim_into_slots(
+            [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in by_id.items()], owner=owner
         )
-    )
-    if not changed:
-        return None
-    events.emit(job.project_id, "job.claimed", job.id, Status.PROCESSING, {"slot": slot})
-    return token
+        ids = [job_id for job_id in by_id if job_id in moved]
+        events.emit_grouped(
+            [
+                (by_id[job_id][0].project_id, "job.claimed", job_id, Status.PROCESSING, {"slot": by_id[job_id][1]})
+                for job_id in ids
+            ]
+        )
+    return [(job_id, tokens[job_id]) for job_id in ids]
+
+
+def _claim_into_slots(rows, *, owner: str) -> set:
+    """The claim's compare-and-set for many jobs in one statement, UPDATE … FROM (VALUES …)
+    … RETURNING (PostgreSQL and SQLite alike): each row (id, provider, slot, lease token,
+    snapshot) moves only if its job is still pending and due; status, provider and slot
+    change together, as the slot constraint asks. Returns the ids that moved. (Django's
+    CASE/WHEN form spent more time building expressions than the database spent on the
+    claim, and needed a second UPDATE for the shared fields.)"""
+    table = Job._meta.db_table
+    fields = [Job._meta.get_field(name) for name in ("id", "active_provider", "slot", "lease_token", "resolved")]
+    casts = ("::uuid", "::bigint", "::integer", "::uuid", "::jsonb") if connection.vendor == "postgresql" else ("",) * 5
+    row = "(" + ", ".join(f"%s{cast}" for cast in casts) + ")"
+    params = [field.get_db_prep_value(value, connection) for values in rows for field, value in zip(fields, values, strict=True)]
+    # Until a worker takes it (lease_take), the claim waits in the broker: a longer
+    # lease, so a busy broker does not get its claims healed away.
+    expiry_sql, expiry_params = _compiled(lease_expiry(settings.CLAIM_TTL_SECONDS))
+    now_sql, now_params = _compiled(Now())
+    started_at = Job._meta.get_field("started_at").get_db_prep_value(timezone.now(), connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
+            f"lease_token = v.column4, resolved = v.column5, lease_owner = %s, lease_expires_at = {expiry_sql}, "
+            "attempts = attempts + 1, started_at = %s, not_before = NULL, progress = NULL, poll_failures = 0, "
+            "next_poll_at = NULL, poll_claimed_until = NULL "
+            f"FROM (VALUES {', '.join([row] * len(rows))}) AS v WHERE {table}.id = v.column1 AND {table}.status = %s "
+            f"AND ({table}.not_before IS NULL OR {table}.not_before <= {now_sql}) RETURNING {table}.id",
+            [Status.PROCESSING, owner, *expiry_params, started_at, *params, Status.PENDING, *now_params],
+        )
+        return {Job._meta.pk.to_python(job_id) for (job_id,) in cursor.fetchall()}
+
+
+def _compiled(expression) -> tuple[str, list]:
+    """A Django expression as SQL and parameters for this database (Now() differs)."""
+    query = Job.objects.all().query
+    sql, params = query.get_compiler(connection=connection).compile(expression.resolve_expression(query))
+    return sql, list(params)
+
+
+def lock_jobs(queryset):
+    """Lock these job rows for the rest of the transaction, passing over rows another
+    transaction holds (PostgreSQL: FOR UPDATE SKIP LOCKED). A skipped row is a race lost
+    silently; the next wake-up or heal sees it again. SQLite's IMMEDIATE transaction
+    already holds the only write lock, so there it is a plain read."""
+    return queryset.select_for_update(of=("self",), skip_locked=True)
 
 
 def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) -> uuid.UUID | None:
@@ -246,10 +305,14 @@ def job_requeue(
     )
 
 
-def _lease_gone(dead_owner: str | None = None) -> Q:
+def _lease_gone(dead_owners=()) -> Q:
     """A running job's lease is over: expired, never set, or held by a process known dead."""
     lease_gone = Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True)
-    return lease_gone | Q(lease_owner=dead_owner) if dead_owner else lease_gone
+    return lease_gone | Q(lease_owner__in=list(dead_owners)) if dead_owners else lease_gone
+
+
+def _owners(dead_owner: str | None) -> tuple:
+    return (dead_owner,) if dead_owner else ()
 
 
 def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
@@ -258,9 +321,15 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     Only a job without a remote task id: a detached job's remote work still holds
     provider capacity, so it keeps its slot and is polled instead.
     """
-    return _leave_stalled(
-        job_id,
-        lease_gone=_lease_gone(dead_owner),
+    return bool(jobs_heal([job_id], reason=reason, dead_owners=_owners(dead_owner)))
+
+
+def jobs_heal(job_ids, *, reason: str, dead_owners=()) -> list:
+    """job_heal for a batch (the recovery scan, healing): one statement per step, not one
+    compare-and-set per job. Returns the ids that moved."""
+    return _jobs_leave_stalled(
+        job_ids,
+        lease_gone=_lease_gone(dead_owners),
         new_status=Status.PENDING,
         kind="job.healed",
         fields=dict(error=reason, error_class="local"),
@@ -268,36 +337,16 @@ def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
     )
 
 
-def jobs_heal(job_ids, *, reason: str) -> list:
-    """Batch of job_heal for the recovery scan: running jobs (no task id) whose lease has
-    expired go back to pending in one statement. Returns the ids that moved."""
-    lease_gone = _lease_gone()
-    with transaction.atomic(savepoint=False):
-        rows = list(
-            Job.objects.select_for_update(of=("self",))
-            .filter(id__in=list(job_ids), status=Status.PROCESSING, task_id="")
-            .filter(lease_gone)
-            .values_list("id", "project_id", "active_provider_id")
-        )
-        if not rows:
-            return []
-        ids = [row[0] for row in rows]
-        Job.objects.filter(id__in=ids, status=Status.PROCESSING).update(
-            status=Status.PENDING, **SLOT_RELEASED, lease_token=None, error=reason, error_class="local"
-        )
-        events.emit_grouped(
-            [(project_id, "job.healed", job_id, Status.PENDING, {"reason": reason}) for job_id, project_id, _ in rows]
-        )
-        _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows})
-    return ids
-
-
 def job_fail_stalled(job_id, *, reason: str) -> bool:
     """processing (lease expired, attempts used up) → failed: a job that keeps losing its
     worker is not tried forever."""
-    return _leave_stalled(
-        job_id,
-        lease_gone=Q(lease_expires_at__lt=Now()),
+    return bool(jobs_fail_stalled([job_id], reason=reason))
+
+
+def jobs_fail_stalled(job_ids, *, reason: str, dead_owners=()) -> list:
+    return _jobs_leave_stalled(
+        job_ids,
+        lease_gone=_lease_gone(dead_owners),
         new_status=Status.FAILED,
         kind="job.failed",
         fields=dict(error=reason, error_class="local", finished_at=timezone.now()),
@@ -309,9 +358,13 @@ def job_hold_stalled(job_id, *, reason: str, dead_owner: str | None = None) -> b
     """processing (its worker gone after it may have submitted) → failed, held for
     attention (error class "attention"): the provider record chose not to risk paying
     twice (engine/ambiguous.py). Resubmit is a retry; Mark failed changes the class."""
-    return _leave_stalled(
-        job_id,
-        lease_gone=_lease_gone(dead_owner),
+    return bool(jobs_hold_stalled([job_id], reason=reason, dead_owners=_owners(dead_owner)))
+
+
+def jobs_hold_stalled(job_ids, *, reason: str, dead_owners=()) -> list:
+    return _jobs_leave_stalled(
+        job_ids,
+        lease_gone=_lease_gone(dead_owners),
         new_status=Status.FAILED,
         kind="job.failed",
         fields=dict(error=reason, error_class=ErrorClass.ATTENTION, finished_at=timezone.now()),
@@ -319,30 +372,28 @@ def job_hold_stalled(job_id, *, reason: str, dead_owner: str | None = None) -> b
     )
 
 
-def _leave_stalled(job_id, *, lease_gone: Q, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
-    """A running job (no task id) whose worker is gone leaves processing: its lease token
-    is read under `lease_gone`, then the compare-and-set matches that token and
-    `lease_gone` again, so a worker that renewed meanwhile keeps its job."""
+def _jobs_leave_stalled(job_ids, *, lease_gone: Q, new_status: str, kind: str, fields: dict, payload: dict) -> list:
+    """Running jobs (no task id) whose worker is gone leave processing, as one short
+    transaction: the rows still matching `lease_gone` are locked (a worker renewing one
+    right now holds it and is passed over), then one UPDATE moves exactly those — so a
+    worker that renewed before the lock keeps its job, and one that tries after finds
+    its token gone (fenced). The interrupted attempts close, one event per job and one
+    wake-up per provider go out, all in the same transaction. Returns the ids moved."""
+    stalled = Q(status=Status.PROCESSING, task_id="") & lease_gone
     with transaction.atomic(savepoint=False):
-        job = (
-            Job.objects.filter(id=job_id, status=Status.PROCESSING, task_id="")
-            .filter(lease_gone)
-            .values("project_id", "active_provider_id", "lease_token")
-            .first()
+        rows = list(
+            lock_jobs(Job.objects.filter(stalled, id__in=list(job_ids))).values_list("id", "project_id", "active_provider_id")
         )
-        if not job:
-            return False
-        changed = (
-            Job.objects.fenced(job_id, job["lease_token"])
-            .filter(task_id="")
-            .filter(lease_gone)
-            .update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
-        )
-        if not changed:
-            return False
-        events.emit(job["project_id"], kind, job_id, new_status, payload)
-        _after_commit_wake(provider_ids={job["active_provider_id"]}, project_ids={job["project_id"]})
-    return True
+        if not rows:
+            return []
+        ids = [row[0] for row in rows]
+        Job.objects.filter(stalled, id__in=ids).update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
+        attempts_interrupt(ids)
+        events.emit_grouped([(project_id, kind, job_id, new_status, payload) for job_id, project_id, _ in rows])
+        # A freed provider slot wakes its provider; only a job without one (a runner's)
+        # wakes its project — a project wake reads all its pending work, per batch.
+        _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows if not row[2]})
+    return ids
 
 
 def job_attach_task(job_id, token, *, task_id: str) -> bool:

@@ -15,12 +15,16 @@ recover():
    and their processing-timeout window restarts, as the product documents;
 3. runners (ComfyUI) adopt their in-flight work;
 4. every provider with pending work is dispatched: pending jobs are dispatchable again.
-It walks the tables in id-ordered batches, so memory stays flat at any size.
+It walks the tables in id-ordered batches of BATCH jobs; each batch moves by set-based
+statements (lock the rows still stalled, one UPDATE, close their attempts, one event
+write) in its own short transaction, and wakes dispatch once per provider, so time grows
+with the number of batches, not jobs, and memory stays flat at any size.
 """
 
 import logging
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
@@ -31,7 +35,9 @@ from queue_app.models import Heartbeat, Job, JobAttempt, Status
 
 log = logging.getLogger(__name__)
 
-BATCH = 1000
+# Jobs per statement: each batch is its own short transaction, so a scan of 100,000 jobs
+# neither holds locks for long nor loads the table (memory stays flat).
+BATCH = 2000
 HEAL_REASON = "worker stopped while running the job; retried"
 
 
@@ -49,24 +55,29 @@ def _batches(queryset):
         last = rows[-1][0]
 
 
-def heal_one(job_id, lease_owner: str, attempts: int, max_attempts: int, *, dead_owner: bool, hold: bool = False) -> str | None:
-    """Return one stalled running job to pending (or fail it when its attempts are used
-    up, or hold it for attention when its submission may have been accepted), recording
-    the interrupted attempt."""
-    if hold:
-        done = transitions.job_hold_stalled(job_id, reason=ambiguous.HOLD_REASON, dead_owner=lease_owner if dead_owner else None)
-        outcome = "held" if done else None
-    elif attempts >= max_attempts:
-        done = transitions.job_fail_stalled(
-            job_id, reason=backoff.give_up_reason(attempts, "the worker stopped while running the job")
-        )
-        outcome = "failed" if done else None
-    else:
-        done = transitions.job_heal(job_id, reason=HEAL_REASON, dead_owner=lease_owner if dead_owner else None)
-        outcome = "healed" if done else None
-    if done:
-        attempts_interrupt([job_id])
-    return outcome
+def heal_stalled(rows, *, dead_owners=()) -> int:
+    """Stalled running jobs, rows of (id, owner, attempts, max_attempts, expiry, options,
+    kind), leave processing by what each one's record says, one set-based transition per
+    outcome: back to pending (recovery by retry), failed when its attempts are used up,
+    or held for attention when its submission may have been accepted. Each transition
+    re-checks the lease under a row lock, so a job whose worker renewed since the rows
+    were read is left alone. Returns how many moved."""
+    hold = held_for_attention(rows)
+    retry, held, give_up = [], [], {}
+    for job_id, _, attempts, max_attempts, *_ in rows:
+        if job_id in hold:
+            held.append(job_id)
+        elif attempts >= (max_attempts or 1):
+            give_up.setdefault(attempts, []).append(job_id)
+        else:
+            retry.append(job_id)
+    moved = len(transitions.jobs_heal(retry, reason=HEAL_REASON, dead_owners=dead_owners)) if retry else 0
+    if held:
+        moved += len(transitions.jobs_hold_stalled(held, reason=ambiguous.HOLD_REASON, dead_owners=dead_owners))
+    for attempts, job_ids in give_up.items():
+        reason = backoff.give_up_reason(attempts, "the worker stopped while running the job")
+        moved += len(transitions.jobs_fail_stalled(job_ids, reason=reason, dead_owners=dead_owners))
+    return moved
 
 
 def held_for_attention(rows) -> set:
@@ -109,7 +120,21 @@ def release_dead_clusters_handoffs() -> int:
 def _heal(*, include_dead_owners: bool) -> int:
     if include_dead_owners:
         release_dead_clusters_handoffs()
-    stalled = (
+    healed = 0
+    for rows in _batches(_stalled().filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
+        healed += heal_stalled(rows)
+    # A retry that was adopting a kept task id when its worker stopped: the remote task
+    # still holds the slot, so it becomes an ordinary detached job, polled at once.
+    # The same for a collector that stopped while downloading a finished task.
+    healed += _back_to_poller(Q(lease_expires_at__lt=Now()))
+    if include_dead_owners:
+        healed += _heal_dead_owners(db_now())
+    return healed
+
+
+def _stalled():
+    """Running jobs without a task id (not a runner's), as the rows heal_stalled takes."""
+    return (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
         .exclude(project__kind__in=runners.kinds())
         .values_list(
@@ -122,32 +147,6 @@ def _heal(*, include_dead_owners: bool) -> int:
             "project__kind",
         )
     )
-    now = db_now()
-    healed = 0
-    for rows in _batches(stalled.filter(Q(lease_expires_at__lt=Now()) | Q(lease_expires_at__isnull=True))):
-        hold = held_for_attention(rows)
-        retry = [row[0] for row in rows if row[2] < (row[3] or 1) and row[0] not in hold]
-        moved = transitions.jobs_heal(retry, reason=HEAL_REASON) if retry else []
-        if moved:
-            attempts_interrupt(moved)
-            healed += len(moved)
-        for job_id, owner, attempts, max_attempts, *_ in rows:
-            if (attempts >= (max_attempts or 1) or job_id in hold) and heal_one(
-                job_id, owner, attempts, max_attempts or 1, dead_owner=False, hold=job_id in hold
-            ):
-                healed += 1
-    # A retry that was adopting a kept task id when its worker stopped: the remote task
-    # still holds the slot, so it becomes an ordinary detached job, polled at once.
-    # The same for a collector that stopped while downloading a finished task.
-    adopting = (
-        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__lt=Now())
-        .exclude(task_id="")
-        .exclude(project__kind__in=runners.kinds())
-    )
-    healed += _back_to_poller(adopting)
-    if include_dead_owners:
-        healed += _heal_dead_owners(stalled, now)
-    return healed
 
 
 def dead_owners(now) -> list[str]:
@@ -163,7 +162,7 @@ def dead_owners(now) -> list[str]:
     return [owner for owner in owners.order_by("lease_owner") if heartbeats.owner_is_dead(owner, now=now)]
 
 
-def _heal_dead_owners(stalled, now) -> int:
+def _heal_dead_owners(now) -> int:
     dead = dead_owners(now)
     if not dead:
         return 0
@@ -172,31 +171,33 @@ def _heal_dead_owners(stalled, now) -> int:
     # worker is still inside the provider call would pay twice and put one call more in
     # flight than the provider's concurrency allows. Collections below only download.
     certain = [owner for owner in dead if heartbeats.death_is_certain(owner)]
-    for rows in _batches(stalled.filter(lease_expires_at__gte=now, lease_owner__in=certain)):
-        hold = held_for_attention(rows)
-        for job_id, owner, attempts, max_attempts, *_ in rows:
-            if heal_one(job_id, owner, attempts, max_attempts or 1, dead_owner=True, hold=job_id in hold):
-                healed += 1
+    for rows in _batches(_stalled().filter(lease_expires_at__gte=now, lease_owner__in=certain)):
+        healed += heal_stalled(rows, dead_owners=certain)
     # A collector (or an adopting retry) that died with the lease: back to the poller now,
     # not when the lease lapses. The owner in the filter keeps a successor's lease.
-    collecting = (
-        Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now, lease_owner__in=dead)
-        .exclude(task_id="")
-        .exclude(project__kind__in=runners.kinds())
-    )
-    return healed + _back_to_poller(collecting)
+    return healed + _back_to_poller(Q(lease_expires_at__gte=now, lease_owner__in=dead))
 
 
-def _back_to_poller(jobs) -> int:
+def _back_to_poller(lease_gone: Q) -> int:
     """Detached jobs whose worker (an adopting retry, a collector) is gone: the lease goes,
-    the poller checks them at once, their open attempts end as interrupted."""
+    the poller checks them at once, their open attempts end as interrupted. Per batch one
+    transaction: the rows still matching are locked, then updated and their attempts closed,
+    so a worker that renewed meanwhile keeps its lease and its attempt."""
+    gone = Q(status=Status.PROCESSING) & ~Q(task_id="") & lease_gone
+    jobs = Job.objects.filter(gone).exclude(project__kind__in=runners.kinds())
     moved_in_all = 0
     for rows in _batches(jobs.values_list("id")):
-        ids = [row[0] for row in rows]
-        moved = jobs.filter(id__in=ids).update(lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None)
-        if moved:
+        with transaction.atomic():
+            ids = list(
+                transitions.lock_jobs(Job.objects.filter(gone, id__in=[row[0] for row in rows])).values_list("id", flat=True)
+            )
+            if not ids:
+                continue
+            Job.objects.filter(gone, id__in=ids).update(
+                lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
+            )
             attempts_interrupt(ids)
-            moved_in_all += moved
+        moved_in_all += len(ids)
     return moved_in_all
 
 
