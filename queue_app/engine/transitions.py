@@ -16,8 +16,8 @@ Each one records its live event in the same transaction. Nested in a caller's
 transaction (the output writer's, dispatch's) they add no savepoint: a transition that
 raises rolls the caller back too, which is what every caller wants.
 
-Over 400 lines on purpose: the state machine is read in one place (ARCHITECTURE,
-invariant 2), its batch forms beside the single ones.
+Long because: the state machine is read in one place (ARCHITECTURE, invariant 2), its
+batch forms beside the single ones.
 """
 
 import uuid

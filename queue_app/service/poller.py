@@ -1,8 +1,8 @@
 """Detached polling: checking remote tasks until they finish.
 
-(Over 400 lines for a reason: the claim, the pool that spends each record's status budget
-and the check with its outcomes are one flow, looked up through one `adapter_for` that
-tests replace; the batch path lives in poll_batch.py.)
+Long because: the claim, the pool that spends each record's status budget and the check
+with its outcomes are one flow, looked up through one `adapter_for` that tests replace;
+the batch path lives in poll_batch.py.
 
 Cadence: every detached job carries `next_poll_at`, set from its family's cadence when it
 is detached and after every check — the default cycle of DETACHED_POLL_SECONDS (30 s),
