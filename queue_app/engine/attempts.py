@@ -41,10 +41,16 @@ def attempt_begin(job: Job, token) -> JobAttempt | None:
     worker = heartbeats.process_name()
     # One transaction: a worker that dies in between leaves no lease without its attempt
     # (healing records the interrupted attempt it finds), and the write lock is taken once.
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         if not lease_take(job.id, token, owner=worker):
             return None
-        return JobAttempt.objects.create(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
+        attempt = JobAttempt(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
+        if job.active_provider_id:
+            # What the history names it by, from the row in hand (a slot's job: its
+            # provider is the one whose slot it holds); otherwise save() looks it up.
+            attempt.provider_id, attempt.owner_id, attempt.queued_at = job.active_provider_id, job.owner_id, job.queued_at
+        attempt.save(force_insert=True)
+        return attempt
 
 
 def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str = "") -> bool:

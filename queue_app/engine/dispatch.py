@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from queue_app.engine import enqueue, runners, snapshot, transitions
+from queue_app.engine import attempts, enqueue, runners, snapshot, transitions
 from queue_app.models import Job, Project, Provider, Status
 
 log = logging.getLogger(__name__)
@@ -87,40 +87,106 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
     claimed = []
     try:
         with transaction.atomic():
-            provider = (
-                Provider.objects.select_for_update(no_key=True)
-                .filter(pk=provider_id, paused=False)
-                .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=Now()))
-                .first()
-            )
+            provider = _lock_provider(provider_id)
             if provider is None:
                 return []
-            used = set(
-                Job.objects.filter(active_provider_id=provider_id, status=Status.PROCESSING).values_list("slot", flat=True)
-            )
-            # After the limit was lowered, running work may sit in slots above it: the
-            # count of held slots caps the claims, not only which low numbers are free.
-            room = provider.concurrency - len(used)
-            if room <= 0:
-                return []
-            # Real rows first, then as many free slot numbers as there are candidates: the
-            # cost under the lock follows the jobs, never the configured number (a
-            # concurrency of millions must not build a list of millions here).
-            candidates = list(dispatchable_jobs(provider_id).select_related("project")[:room])
-            free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
-            claims = [
-                (job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)
-            ]
-            claimed = transitions.jobs_claim(claims, provider_id=provider_id, owner="")
-            to_enqueue = claimed[1:] if hold_one else claimed
-            for job_id, token in to_enqueue:
-                enqueue.enqueue_execution(job_id, token)
+            claimed = _claim_free_slots(provider, hold_one=hold_one)
     except IntegrityError:
         # The (provider, slot) unique index caught a double claim: a bug signal, never
         # a double run. Nothing was written; the next wake-up tries again.
         log.error("slot constraint refused a claim for provider %s", provider_id, exc_info=True)
         return []
     return claimed
+
+
+def _lock_provider(provider_id: int) -> Provider | None:
+    """The provider row, locked for claims until commit — None when it is paused or cooling
+    down (nothing is claimed for it then, and nothing locked)."""
+    return (
+        Provider.objects.select_for_update(no_key=True)
+        .filter(pk=provider_id, paused=False)
+        .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=Now()))
+        .first()
+    )
+
+
+def _claim_free_slots(provider: Provider, *, hold_one: bool) -> list[tuple]:
+    """Under the provider's lock: claim the oldest dispatchable jobs into its free slots and
+    enqueue them (all but the first with `hold_one`). Returns [(job_id, token)]."""
+    used = set(Job.objects.filter(active_provider_id=provider.id, status=Status.PROCESSING).values_list("slot", flat=True))
+    # After the limit was lowered, running work may sit in slots above it: the
+    # count of held slots caps the claims, not only which low numbers are free.
+    room = provider.concurrency - len(used)
+    if room <= 0:
+        return []
+    # Real rows first, then as many free slot numbers as there are candidates: the
+    # cost under the lock follows the jobs, never the configured number (a
+    # concurrency of millions must not build a list of millions here).
+    candidates = list(dispatchable_jobs(provider.id).select_related("project")[:room])
+    free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
+    claims = [(job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)]
+    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner="")
+    for job_id, token in claimed[1:] if hold_one else claimed:
+        enqueue.enqueue_execution(job_id, token)
+    return claimed
+
+
+class Handover:
+    """One commit per handover. A worker whose job completes passes this to the output
+    writer, whose transaction then also claims the provider's next job into the freed slot
+    and opens that job's attempt under this worker's lease: the job leaving its slot, the
+    claim and the attempt commit together (one commit where there were three), and the
+    worker runs the next job without reading it again.
+
+    In the writer's transaction: `lock()` first — the provider row before any job row, the
+    lock order dispatch uses — then `claim()` once the job has left its slot. Only after
+    commit does `held` name the next job, as (job, token, attempt); `done` says the claim
+    committed (so nobody needs to dispatch this provider again for the freed slot). With
+    `carry_on` False every claim goes to the broker and nothing is held."""
+
+    def __init__(self, provider_id: int, *, carry_on: bool = True):
+        self.provider_id = provider_id
+        self.carry_on = carry_on
+        self.provider = None
+        self.held = None
+        self.done = False
+
+    def lock(self) -> None:
+        self.held, self.done = None, False
+        self.provider = _lock_provider(self.provider_id)
+
+    def claim(self) -> None:
+        if self.provider is None:
+            # Paused or cooling down when the transaction began: its resume or the end of
+            # its cool-down wakes dispatch, as for any provider.
+            transaction.on_commit(self._committed(None))
+            return
+        held = None
+        try:
+            # A savepoint: the slot index refusing a claim must not undo the completion.
+            with transaction.atomic():
+                claimed = _claim_free_slots(self.provider, hold_one=self.carry_on)
+                if claimed and self.carry_on:
+                    held = self._open(*claimed[0])
+        except IntegrityError:
+            log.error("slot constraint refused a handover claim for provider %s", self.provider_id, exc_info=True)
+            return
+        transaction.on_commit(self._committed(held))
+
+    def _open(self, job_id, token):
+        job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
+        attempt = attempts.attempt_begin(job, token) if job is not None else None
+        if attempt is None:
+            # Not ours after all (cannot happen under the provider lock): the broker runs it.
+            enqueue.enqueue_execution(job_id, token)
+            return None
+        return job, token, attempt
+
+    def _committed(self, held):
+        def committed():
+            self.held, self.done = held, True
+
+        return committed
 
 
 def wake(*, provider_ids=(), project_ids=()) -> None:

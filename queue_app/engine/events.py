@@ -15,12 +15,36 @@ import os
 import queue
 import threading
 from collections import defaultdict
+from contextlib import contextmanager
 
 from django.db import connection, transaction
 
 from queue_app.models import EventCounter, ProjectEvent
 
 log = logging.getLogger(__name__)
+
+
+_batch = threading.local()
+
+
+@contextmanager
+def batched():
+    """Within this block (inside the transaction of a change), events are collected and
+    written at its end, all projects at once and in project id order. A handover completes
+    one job and claims the next in one transaction: writing the completion's event at
+    once would lock the project's counter before the claim locks job rows, against the
+    engine's lock order (provider, job rows, then projects). Nothing is written when the
+    block raises: the transaction rolls back anyway."""
+    if getattr(_batch, "items", None) is not None:
+        yield
+        return
+    _batch.items = []
+    try:
+        yield
+        items = _batch.items
+    finally:
+        _batch.items = None
+    emit_grouped(items)
 
 
 def group_name(project_id: int) -> str:
@@ -32,6 +56,9 @@ def emit_many(project_id: int, items: list[tuple[str, object, str, dict]]) -> li
     transaction of the change. The sequence bump locks the project's counter row until commit, so
     numbers are gap-free and in commit order per project."""
     if not items:
+        return []
+    if getattr(_batch, "items", None) is not None:
+        _batch.items += [(project_id, *item) for item in items]
         return []
     last = _bump(project_id, len(items))
     first = last - len(items) + 1
@@ -78,6 +105,9 @@ def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> list[Projec
     its events per batch, not per job or project. The counters are taken in project id
     order, so two transactions that touch the same projects lock them in the same order
     (no deadlock)."""
+    if getattr(_batch, "items", None) is not None:
+        _batch.items += items
+        return []
     by_project = defaultdict(list)
     for project_id, kind, job_id, status, payload in items:
         by_project[project_id].append((kind, job_id, status, payload))

@@ -30,7 +30,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from queue_app.engine import failpoints, media, transitions
+from queue_app.engine import events, failpoints, media, transitions
 from queue_app.engine.attempts import attempt_finish
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt
 from queue_app.providers import net
@@ -189,10 +189,12 @@ def _discard(prepared: list[Prepared]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None) -> int:
+def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None, handover=None) -> int:
     """Store the outputs as album items and complete the job, fenced by `token`, and mark
     the attempt `attempt_id` completed in the same transaction (a kill right after the
-    commit cannot leave it "running"). Returns the number of items written.
+    commit cannot leave it "running"). With a `handover` (dispatch.Handover), the provider's
+    next job is claimed into the freed slot in that transaction too. Returns the number of
+    items written.
     Raises Fenced, QuotaExceeded, DiskFull or a download error."""
     job = Job.objects.fenced(job_id, token).first()
     if job is None:
@@ -204,7 +206,7 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
         for index, output in enumerate(outputs):
             prepared.append(prepare(job, index, output))
         failpoints.hit("after_download_before_album")
-        _commit(job, token, prepared, attempt_id)
+        _commit(job, token, prepared, attempt_id, handover)
     except BaseException:
         _discard(prepared)
         raise
@@ -214,10 +216,10 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None)
 METADATA_KEYS = ("provider_name", "family", "model", "aspect_ratio", "quality", "resolution", "format", "duration", "sound")
 
 
-def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
+def _commit(job: Job, token, prepared: list[Prepared], attempt_id, handover) -> None:
     placed: list[Path] = []  # files moved to a name no item had: removed if the commit fails
     try:
-        _commit_placing(job, token, prepared, attempt_id, placed)
+        _commit_placing(job, token, prepared, attempt_id, placed, handover)
     except BaseException as error:
         for path in placed:
             path.unlink(missing_ok=True)
@@ -226,8 +228,12 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id) -> None:
         raise
 
 
-def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, placed: list[Path]) -> None:
-    with transaction.atomic():
+def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, placed: list[Path], handover) -> None:
+    # Events are written last (events.batched): the handover's claim locks job rows, which
+    # come before project rows in the engine's lock order.
+    with transaction.atomic(), events.batched():
+        if handover is not None:
+            handover.lock()  # the provider row first, as dispatch takes it
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
         locked = Job.objects.select_for_update().fenced(job.id, token).first()
@@ -240,6 +246,8 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
             raise Fenced(job.id)
         if attempt_id is not None:
             attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
+        if handover is not None:
+            handover.claim()
         transaction.on_commit(lambda: remove_files(replaced_files))
 
 

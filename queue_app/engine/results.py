@@ -73,6 +73,7 @@ def store_outputs(
     secrets=(),
     retry_hint: str = "",
     disk_full_waits: bool = False,
+    handover=None,
 ) -> Applied:
     """Write finished outputs and complete the job, closing the attempt `attempt_id` in the
     same commit. COMPLETED, SKIPPED (the job was taken from us: nothing written) or FAILED
@@ -80,9 +81,10 @@ def store_outputs(
     id; `retry_hint` tells the user a retry collects the result again). A database error is
     raised: it is not the result's fault, and the caller reconnects or leaves the job to
     healing. With `disk_full_waits`, a full media disk sends the job back to pending with
-    its task id (`wait_for_space`) instead of failing it."""
+    its task id (`wait_for_space`) instead of failing it. A `handover` (dispatch.Handover)
+    claims the provider's next job in the completion's commit."""
     try:
-        outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id)
+        outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id, handover=handover)
     except outputs.Fenced:
         attempt_finish(attempt_id, Outcome.LOST, "job taken before its outputs were written")
         return Applied.SKIPPED

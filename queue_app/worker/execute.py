@@ -10,8 +10,10 @@ run(job_id, token):
    the job; a remote task id is stored (detached) before anything waits on it;
 5. failures are classified: permanent → failed; transient → pending after backoff, up to
    the provider's maximum attempts; a server delay hint cools the provider down instead;
-6. the slot freed by completion is refilled at once: the worker claims the provider's
-   next job and runs it itself, within a time budget.
+6. the slot freed by completion is refilled at once: the completion's own transaction
+   claims the provider's next job and opens its attempt (dispatch.Handover), and the
+   worker runs it itself, within a time budget. A job that left its slot otherwise
+   (failed, given up) refills it with a dispatch of its own.
 """
 
 import logging
@@ -52,34 +54,43 @@ CARRY_ON_BUDGET_SECONDS = 10
 def run(job_id, token) -> None:
     """Execute a claimed job, then keep the freed slot busy with the provider's next job."""
     started = time.monotonic()
-    next_job = (job_id, token)
     provider_id = Job.objects.filter(id=job_id).values_list("active_provider_id", flat=True).first()
-    while next_job is not None and provider_id:
+    step = (job_id, token, None)
+    while step is not None and provider_id:
+        carry_on = time.monotonic() - started < CARRY_ON_BUDGET_SECONDS
+        handover = dispatch.Handover(provider_id, carry_on=carry_on)
         with dispatch.refilled_by_caller(provider_id):
-            freed = execute_one(*next_job)
-        next_job = None
-        if freed:
-            carry_on = time.monotonic() - started < CARRY_ON_BUDGET_SECONDS
+            freed = execute_one(*step, handover=handover)
+        step = None
+        if handover.held is not None:
+            # Claimed, and its attempt opened, in the completion's commit.
+            job, next_token, attempt = handover.held
+            step = (job.id, next_token, (job, attempt))
+        elif freed and not handover.done:
             claimed = dispatch.dispatch(provider_id, hold_one=carry_on)
             if claimed and carry_on:
-                next_job = claimed[0]
+                step = (*claimed[0], None)
 
 
-def execute_one(job_id, token) -> int | None:
-    """Run one job. Returns its provider id when the job left its slot (so the caller
-    may refill it), else None."""
+def execute_one(job_id, token, opened: tuple | None = None, *, handover=None) -> int | None:
+    """Run one claimed job. `opened` is (job, attempt) when a handover claimed it for this
+    worker and opened its attempt already. Returns its provider id when the job left its
+    slot (so the caller may refill it), else None."""
     close_old_connections()
-    job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
-    if job is None or job.task_id and not _adoptable(job):
-        return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
-    attempt = attempt_begin(job, token)
-    if attempt is None:
-        return None
+    if opened is None:
+        job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
+        if job is None or job.task_id and not _adoptable(job):
+            return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
+        attempt = attempt_begin(job, token)
+        if attempt is None:
+            return None
+    else:
+        job, attempt = opened
     provider = job.active_provider
     try:
         # A lost lease stops the provider call: another host may be running the job again.
         with net.abortable() as abort, LeaseKeeper(job.id, token, on_lost=abort) as keeper:
-            return _execute(job, token, provider, attempt, keeper)
+            return _execute(job, token, provider, attempt, keeper, handover, claimed_earlier=opened is None)
     except DatabaseError:
         leave_to_healing(job.id, "executing")
         return None
@@ -92,11 +103,16 @@ def _adoptable(job: Job) -> bool:
     return job.lease_expires_at is not None
 
 
-def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper) -> int | None:
+def _execute(
+    job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, handover, *, claimed_earlier: bool
+) -> int | None:
     adapter = adapter_for(provider.family)
     request = resolved_job(job, provider, submit=True)
     failpoints.hit("after_claim_before_submit")
-    if Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
+    # A handover claimed the job a moment ago under the provider's lock, which it takes
+    # only when the provider is not cooling down; a claim that waited in the broker may
+    # predate a 429 and is checked.
+    if claimed_earlier and Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
         # the Retry-After window. The attempt is refunded like the 429 itself.
         attempt_finish(attempt.id, Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
@@ -123,10 +139,10 @@ def _execute(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: L
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
         fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local")
         return provider.id
-    return reconnecting_once(job.id, lambda: _apply(job, token, provider, attempt, keeper, result))
+    return reconnecting_once(job.id, lambda: _apply(job, token, provider, attempt, keeper, result, handover))
 
 
-def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, result) -> int | None:
+def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, result, handover) -> int | None:
     """Record what the provider answered: a failure, a remote task id, or outputs."""
     if isinstance(result, ProviderError):
         return _handle_failure(job, token, provider, attempt, result)
@@ -142,7 +158,7 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
             _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
-    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True)
+    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True, handover=handover)
     return None if stored is Applied.SKIPPED else provider.id
 
 

@@ -1,0 +1,137 @@
+"""Issue 16: one commit per handover. When a worker's job completes, the job leaving its
+slot, the claim of the provider's next job into that slot and the opening of that job's
+attempt commit together, and the worker goes on with the next job without a trip through
+the broker or a second read of it."""
+
+import pytest
+from django.db import IntegrityError, connection
+from django.test.utils import CaptureQueriesContext
+
+from queue_app import providers, services
+from queue_app.engine import dispatch, heartbeats
+from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.worker import execute
+from tests.conftest import make_drafts, make_project, make_provider, status_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def started(owner, provider, n):
+    """n jobs started on a paused provider, then the first claimed for a worker to run."""
+    Provider.objects.filter(id=provider.id).update(paused=True)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, n)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    Provider.objects.filter(id=provider.id).update(paused=False)
+    with dispatch.refilled_by_caller(provider.id):
+        [first] = dispatch.dispatch(provider.id, hold_one=True)
+    return jobs, first
+
+
+class CallLog:
+    """Wraps the provider call: where each call began and ended in the captured queries."""
+
+    def __init__(self, monkeypatch, queries: CaptureQueriesContext, before_call=None):
+        self.queries, self.marks, self.before_call = queries, [], before_call
+        real = providers.call
+
+        def call(*args, **kwargs):
+            if self.before_call is not None:
+                self.before_call(len(self.marks) // 2)
+            self.marks.append(len(self.queries.captured_queries))
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.marks.append(len(self.queries.captured_queries))
+
+        monkeypatch.setattr(execute.providers, "call", call)
+
+    def between_calls(self, n: int) -> list[str]:
+        """The statements from the end of call n to the start of call n + 1."""
+        end, start = self.marks[2 * n + 1], self.marks[2 * n + 2]
+        return [query["sql"] for query in self.queries.captured_queries[end:start]]
+
+
+def commits(statements) -> int:
+    return sum(1 for sql in statements if sql.strip().upper() == "COMMIT")
+
+
+def test_a_completion_and_the_next_claim_commit_together(owner, inline_tasks, monkeypatch):
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 3)
+    with CaptureQueriesContext(connection) as queries:
+        log = CallLog(monkeypatch, queries)
+        execute.run(*first)
+    assert [status_of(job) for job in jobs] == [Status.COMPLETED] * 3
+    # From one call's end to the next call's start: one commit, which stored the album
+    # item, completed the job, claimed the next job and opened its attempt.
+    assert [commits(log.between_calls(n)) for n in range(2)] == [1, 1]
+    assert inline_tasks.executions() == []  # the worker carried on itself: no broker trip
+    for job in jobs:
+        [attempt] = JobAttempt.objects.filter(job_id=job.id)
+        assert attempt.outcome == JobAttempt.Outcome.COMPLETED
+        assert attempt.provider_id == provider.id and attempt.owner_id == owner.id and attempt.queued_at is not None
+
+
+def test_the_handed_job_runs_under_this_workers_lease_with_its_attempt_open(owner, inline_tasks, monkeypatch):
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 2)
+    seen = []
+
+    def before_call(n):
+        if n == 1:
+            job = Job.objects.get(id=jobs[1].id)
+            running = JobAttempt.objects.filter(job_id=job.id, outcome=JobAttempt.Outcome.RUNNING).count()
+            seen.append((status_of(jobs[0]), job.status, job.lease_owner == heartbeats.process_name(), running))
+
+    with CaptureQueriesContext(connection) as queries:
+        CallLog(monkeypatch, queries, before_call=before_call)
+        execute.run(*first)
+    assert seen == [(Status.COMPLETED, Status.PROCESSING, True, 1)]
+
+
+def test_a_paused_provider_gets_no_handover_and_its_resume_dispatches(owner, inline_tasks, monkeypatch):
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 2)
+
+    def pause_before_first_call(n):
+        if n == 0:
+            Provider.objects.filter(id=provider.id).update(paused=True)
+
+    with CaptureQueriesContext(connection) as queries:
+        CallLog(monkeypatch, queries, before_call=pause_before_first_call)
+        execute.run(*first)
+    assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.PENDING]
+    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    assert status_of(jobs[1]) == Status.PROCESSING
+    assert len(inline_tasks.executions()) == 1
+
+
+def test_a_refused_handover_claim_keeps_the_completion_and_refills_through_dispatch(owner, inline_tasks, monkeypatch):
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 2)
+    real = dispatch._claim_free_slots
+    refused = []
+
+    def refuse_in_handover(provider_row, *, hold_one):
+        if not refused:
+            refused.append(provider_row.id)
+            raise IntegrityError("slot taken")
+        return real(provider_row, hold_one=hold_one)
+
+    monkeypatch.setattr(dispatch, "_claim_free_slots", refuse_in_handover)
+    execute.run(*first)
+    assert refused == [provider.id]
+    # The completion committed without the claim; the worker then dispatched on its own.
+    assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.COMPLETED]
+    assert JobAttempt.objects.filter(job_id=jobs[0].id, outcome=JobAttempt.Outcome.COMPLETED).count() == 1
+
+
+def test_past_its_budget_a_worker_hands_the_next_job_to_the_broker_in_the_same_commit(owner, inline_tasks, monkeypatch):
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 2)
+    monkeypatch.setattr(execute, "CARRY_ON_BUDGET_SECONDS", 0)
+    execute.run(*first)
+    assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.PROCESSING]
+    assert [args[0] for args in inline_tasks.executions()] == [str(jobs[1].id)]
+    assert Job.objects.get(id=jobs[1].id).lease_owner == ""  # nobody took it yet: the broker's
