@@ -192,6 +192,9 @@ def idle_figures(limit: int, start: float, end: float, *, calls, pending, ready,
         # call: a dead owner, a hand-off not yet taken, a slow release) or a slot free in
         # the engine while ready work waited (nothing dispatched it).
         held_full = sum(y - x for x, y, c in inside if c["held"] >= limit)
+        # A gap that opens as a Retry-After window closes is dispatch waiting for a
+        # cool-down's end it was not woken for.
+        closed = [stop for _, stop in retry if stop <= a + 0.05]
         gaps.append(
             dict(
                 start=a,
@@ -201,6 +204,7 @@ def idle_figures(limit: int, start: float, end: float, *, calls, pending, ready,
                 all_held_seconds=held_full,
                 free_in_engine_seconds=(b - a) - held_full,
                 ready_max=max(c["ready"] for _, _, c in inside),
+                after_retry_after=a - max(closed) if closed and a - max(closed) < 0.5 else None,
             )
         )
     gaps.sort(key=lambda gap: gap["seconds"], reverse=True)
@@ -224,6 +228,8 @@ def explain(gap: dict, disruptions: list[tuple[float, str]], within: float = 30.
         state = "every slot held in the engine without a call (a dead owner's lease or claim, or a hand-off not yet taken)"
     else:
         state = "a slot free in the engine while ready work waited (no dispatch)"
+    if gap.get("after_retry_after") is not None:
+        state += f"; opened {gap['after_retry_after']:.2f} s after a Retry-After window ended"
     before = [(at, what) for at, what in disruptions if at <= gap["end"] and gap["start"] - at <= within]
     if before:
         at, what = before[-1]
@@ -601,7 +607,9 @@ def main(argv=None) -> int:
         run.stop()
     data = run.figures()
     if args.json:
+        # A run for --against: the caller prints its figures beside its own.
         Path(args.json).write_text(json.dumps(data))
+        return 0
     for text in details(data, "this run"):
         print(text)
     if before is not None:

@@ -65,3 +65,11 @@ def test_a_gap_with_every_slot_held_in_the_engine_is_told_from_one_with_a_free_s
 
 def test_ideal_is_the_work_over_the_limit_plus_the_retry_after_time_asked_for():
     assert ideal_seconds(2, [(0, 1), (0, 1), (1, 3)], [(5, 7), (6, 8)]) == pytest.approx(4 / 2 + 3)
+
+
+def test_a_gap_opening_as_a_retry_after_window_closes_says_so():
+    # The window 0-2 asked for; the slot stays idle until 3 with the job ready from 0.
+    figures = idle_figures(1, 0, 4, calls=[(3, 4)], pending=[(0, 3)], ready=[(0, 3)], held=[], retry=[(0, 2)])
+    (gap,) = figures["gaps"]
+    assert (gap["start"], gap["end"]) == (2, 3) and gap["after_retry_after"] == 0
+    assert "after a Retry-After window ended" in explain(gap, [])
