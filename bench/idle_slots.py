@@ -71,7 +71,8 @@ CREATE TABLE bench_job_log (
 CREATE FUNCTION bench_job_log_row() RETURNS trigger AS $$
 BEGIN
     IF TG_OP = 'INSERT' OR NEW.status IS DISTINCT FROM OLD.status
-            OR NEW.not_before IS DISTINCT FROM OLD.not_before OR NEW.lease_token IS DISTINCT FROM OLD.lease_token THEN
+            OR NEW.not_before IS DISTINCT FROM OLD.not_before OR NEW.lease_token IS DISTINCT FROM OLD.lease_token
+            OR NEW.lease_owner IS DISTINCT FROM OLD.lease_owner THEN
         INSERT INTO bench_job_log (job_id, at, status, not_before, lease_owner)
         VALUES (NEW.id, extract(epoch FROM clock_timestamp()), NEW.status,
                 extract(epoch FROM NEW.not_before), NEW.lease_owner);
@@ -97,12 +98,13 @@ def union_length(intervals, start=float("-inf"), end=float("inf")) -> float:
     return total
 
 
-def job_states(rows, until: float) -> tuple[list, list, list]:
-    """From one job's log rows (at, status, not_before) in order: its pending intervals,
-    the parts of them past the backoff (`not_before`), and its processing intervals (a
-    slot held in the engine), each ending at the next row or `until`."""
-    pending, ready, held = [], [], []
-    for (at, status, not_before), following in zip(rows, [*rows[1:], None], strict=True):
+def job_states(rows, until: float) -> tuple[list, list, list, list]:
+    """From one job's log rows (at, status, not_before, lease owner) in order: its pending
+    intervals, the parts of them past the backoff (`not_before`), its processing intervals
+    (a slot held in the engine), and the parts of those before a worker took the claim
+    (no lease owner yet), each ending at the next row or `until`."""
+    pending, ready, held, claimed = [], [], [], []
+    for (at, status, not_before, owner), following in zip(rows, [*rows[1:], None], strict=True):
         end = following[0] if following else until
         if end <= at:
             continue
@@ -113,7 +115,9 @@ def job_states(rows, until: float) -> tuple[list, list, list]:
                 ready.append((begin, end))
         elif status == "processing":
             held.append((at, end))
-    return pending, ready, held
+            if not owner:
+                claimed.append((at, end))
+    return pending, ready, held, claimed
 
 
 def segments(start: float, end: float, layers: dict) -> list[tuple[float, float, dict]]:
@@ -163,11 +167,13 @@ def runs(pieces, predicate) -> list[tuple[float, float, list]]:
     return found
 
 
-def idle_figures(limit: int, start: float, end: float, *, calls, pending, ready, held, retry) -> dict:
+def idle_figures(limit: int, start: float, end: float, *, calls, pending, ready, held, retry, claimed=()) -> dict:
     """Per provider, from intervals on one clock: busy and idle slot-seconds and the idle
     gaps. `ready` are pending jobs past their backoff; `retry` the Retry-After windows the
-    provider asked for (no work is ready inside them); `held` the slots the engine held."""
-    pieces = segments(start, end, dict(calls=calls, pending=pending, ready=ready, held=held, retry=retry))
+    provider asked for (no work is ready inside them); `held` the slots the engine held,
+    `claimed` those of them no worker had taken yet."""
+    layers = dict(calls=calls, pending=pending, ready=ready, held=held, retry=retry, claimed=claimed)
+    pieces = segments(start, end, layers)
     busy = idle_ready = idle_retry = idle_backoff = 0.0
     for a, b, c in pieces:
         free = max(0, limit - c["calls"])
@@ -202,6 +208,7 @@ def idle_figures(limit: int, start: float, end: float, *, calls, pending, ready,
                 seconds=b - a,
                 slot_seconds=sum((y - x) * min(limit - c["calls"], c["ready"]) for x, y, c in inside),
                 all_held_seconds=held_full,
+                untaken_claim_seconds=sum(y - x for x, y, c in inside if c["held"] >= limit and c["claimed"]),
                 free_in_engine_seconds=(b - a) - held_full,
                 ready_max=max(c["ready"] for _, _, c in inside),
                 after_retry_after=a - max(closed) if closed and a - max(closed) < 0.5 else None,
@@ -223,11 +230,20 @@ def ideal_seconds(limit: int, calls, retry) -> float:
 
 
 def explain(gap: dict, disruptions: list[tuple[float, str]], within: float = 30.0) -> str:
-    """A gap's likely cause in words: what the engine held, and the last disruption before it."""
-    if gap["all_held_seconds"] >= gap["seconds"] / 2:
-        state = "every slot held in the engine without a call (a dead owner's lease or claim, or a hand-off not yet taken)"
-    else:
-        state = "a slot free in the engine while ready work waited (no dispatch)"
+    """A gap's likely cause in words: for how long the engine held every slot (leases and
+    claims without a call: a dead owner, a hand-off not taken, a slow release) and for how
+    long a slot was free in the engine while ready work waited (nothing dispatched it), and
+    the last disruption before it."""
+    parts = []
+    if gap["all_held_seconds"] > 0:
+        held = f"every slot held in the engine without a call {gap['all_held_seconds']:.2f} s"
+        untaken = gap.get("untaken_claim_seconds", 0.0)
+        if untaken:
+            held += f" ({untaken:.2f} s with a claim no worker had taken)"
+        parts.append(held)
+    if gap["free_in_engine_seconds"] > 0:
+        parts.append(f"a slot free in the engine while ready work waited (no dispatch) {gap['free_in_engine_seconds']:.2f} s")
+    state = ", ".join(parts)
     if gap.get("after_retry_after") is not None:
         state += f"; opened {gap['after_retry_after']:.2f} s after a Retry-After window ended"
     before = [(at, what) for at, what in disruptions if at <= gap["end"] and gap["start"] - at <= within]
@@ -427,33 +443,43 @@ class Run:
 
         close_old_connections()
         with connection.cursor() as cursor:
-            cursor.execute("SELECT job_id, at, status, not_before FROM bench_job_log ORDER BY job_id, at, id")
+            cursor.execute("SELECT job_id, at, status, not_before, lease_owner FROM bench_job_log ORDER BY job_id, at, id")
             log_rows = cursor.fetchall()
         by_job: dict = {}
-        for job_id, at, status, not_before in log_rows:
-            by_job.setdefault(job_id, []).append((at, status, not_before))
+        for job_id, at, status, not_before, owner in log_rows:
+            by_job.setdefault(job_id, []).append((at, status, not_before, owner))
         project_of = dict(Job.objects.filter(owner=self.user).values_list("id", "project_id"))
         end = self.finished
         out = dict(seed=self.args.seed, jobs=self.args.jobs, wall=end - self.started, providers={}, disruptions=[])
+        out["started"] = time.strftime("%H:%M:%S", time.localtime(self.started)) + f".{int(self.started % 1 * 1000):03d}"
         out["disruptions"] = [(at - self.started, what) for at, what in self.disruptions]
         for p in self.providers:
-            pending, ready, held = [], [], []
+            pending, ready, held, claimed = [], [], [], []
             last = self.started
             for job_id, rows in by_job.items():
                 if project_of.get(job_id) != p["project"].id:
                     continue
-                a, r, h = job_states(rows, end)
+                a, r, h, c = job_states(rows, end)
                 pending += a
                 ready += r
                 held += h
-                terminal = [at for at, status, _ in rows if status in ("completed", "failed")]
+                claimed += c
+                terminal = [row[0] for row in rows if row[1] in ("completed", "failed")]
                 last = max([last, *terminal])
             creates = [row for row in self.fake.entries(p["key"], "create") if "end" in row]
             calls = [(row["start"], row.get("sent") or row["end"]) for row in creates]
             worked = [(row["start"], row.get("sent") or row["end"]) for row in creates if row.get("worked")]
             retry = [(row["end"], row["end"] + row["retry_after"]) for row in creates if row["outcome"] == "429"]
             figures = idle_figures(
-                p["limit"], self.started, end, calls=calls, pending=pending, ready=ready, held=held, retry=retry
+                p["limit"],
+                self.started,
+                end,
+                calls=calls,
+                pending=pending,
+                ready=ready,
+                held=held,
+                retry=retry,
+                claimed=claimed,
             )
             ideal = ideal_seconds(p["limit"], worked, retry)
             outcomes: dict = {}
@@ -532,7 +558,7 @@ def lines(now: dict, before: dict | None) -> list[str]:
 
 
 def details(data: dict, title: str) -> list[str]:
-    out = [f"# {title}: seed {data['seed']}, {data['jobs']} jobs"]
+    out = [f"# {title}: seed {data['seed']}, {data['jobs']} jobs, started {data.get('started', '?')} (+0 s in the logs)"]
     for at, what in data["disruptions"]:
         out.append(f"#   +{at:.1f} s {what}")
     for name, p in data["providers"].items():

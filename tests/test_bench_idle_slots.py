@@ -13,20 +13,22 @@ def test_union_length_counts_overlaps_once_and_clips_to_the_window():
 
 def test_a_pending_job_is_ready_only_after_its_backoff_and_holds_a_slot_while_processing():
     rows = [
-        (0.0, "pending", None),
-        (1.0, "processing", None),
-        (2.0, "pending", 3.5),
-        (4.0, "processing", None),
-        (5.0, "completed", None),
+        (0.0, "pending", None, ""),
+        (1.0, "processing", None, ""),
+        (1.2, "processing", None, "host:7"),
+        (2.0, "pending", 3.5, ""),
+        (4.0, "processing", None, ""),
+        (5.0, "completed", None, ""),
     ]
-    pending, ready, held = job_states(rows, until=9.0)
+    pending, ready, held, claimed = job_states(rows, until=9.0)
     assert pending == [(0.0, 1.0), (2.0, 4.0)]
     assert ready == [(0.0, 1.0), (3.5, 4.0)]
-    assert held == [(1.0, 2.0), (4.0, 5.0)]
+    assert held == [(1.0, 1.2), (1.2, 2.0), (4.0, 5.0)]
+    assert claimed == [(1.0, 1.2), (4.0, 5.0)]
 
 
 def test_a_backoff_past_the_pending_stretch_leaves_nothing_ready():
-    pending, ready, _ = job_states([(0.0, "pending", 9.0), (1.0, "processing", None)], until=5.0)
+    pending, ready, _, _ = job_states([(0.0, "pending", 9.0, ""), (1.0, "processing", None, "")], until=5.0)
     assert pending == [(0.0, 1.0)] and ready == []
 
 
@@ -57,10 +59,14 @@ def test_no_waiting_work_means_no_idle_however_few_calls_run():
 
 def test_a_gap_with_every_slot_held_in_the_engine_is_told_from_one_with_a_free_slot():
     held = idle_figures(1, 0, 3, calls=[], pending=[(0, 3)], ready=[(0, 3)], held=[(0, 3)], retry=[])["gaps"][0]
+    untaken = idle_figures(1, 0, 3, calls=[], pending=[(0, 3)], ready=[(0, 3)], held=[(0, 3)], retry=[], claimed=[(0, 1)])[
+        "gaps"
+    ][0]
     free = idle_figures(1, 0, 3, calls=[], pending=[(0, 3)], ready=[(0, 3)], held=[], retry=[])["gaps"][0]
-    assert "every slot held" in explain(held, [(-1.0, "SIGKILL cluster-a")])
+    assert "every slot held in the engine without a call 3.00 s" in explain(held, [(-1.0, "SIGKILL cluster-a")])
     assert "+1.0 s after SIGKILL cluster-a" in explain(held, [(-1.0, "SIGKILL cluster-a")])
-    assert "no dispatch" in explain(free, [])
+    assert "no dispatch) 3.00 s" in explain(free, []) and "every slot held" not in explain(free, [])
+    assert "(1.00 s with a claim no worker had taken)" in explain(untaken, [])
 
 
 def test_ideal_is_the_work_over_the_limit_plus_the_retry_after_time_asked_for():
