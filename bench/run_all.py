@@ -10,7 +10,9 @@ Each figure is one line: `bench.<name>[<stack>] <value> <unit> (<comparison>)`.
   5,000 jobs at 100 ms per check (bench/recovery_scan.py; PostgreSQL when it answers);
 - the delay from a job's completion in a worker to the browser showing it, embedded and
   with Redis (bench/live_delay.py);
-- a ComfyUI instance's idle time between prompts and jobs/minute (bench/comfy_throughput.py).
+- a ComfyUI instance's idle time between prompts and jobs/minute (bench/comfy_throughput.py);
+- idle slot-seconds while work waited in a mixed-fault run, per provider, and wall time
+  against the ideal (bench/idle_slots.py, 80 jobs; PostgreSQL + Redis only).
 
 `--quick` runs smaller sizes (a development check, not figures to track).
 """
@@ -78,6 +80,8 @@ def main(argv=None) -> int:
         "bench.live_delay", "--jobs", "10" if args.quick else "30", "--modes", modes, env={"DATABASE_URL": "", "REDIS_URL": rd}
     )
     status |= run("bench.comfy_throughput", "--jobs", "8" if args.quick else "30", env={"DATABASE_URL": "", "REDIS_URL": ""})
+    if has_pg and has_redis:
+        status |= run("bench.idle_slots", "--jobs", "40" if args.quick else "80", "--database-url", pg, "--redis-url", rd)
     return status
 
 
