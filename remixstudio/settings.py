@@ -298,6 +298,10 @@ LEASE_TTL_SECONDS = envfloat("LEASE_TTL_SECONDS", 10)
 LEASE_RENEW_SECONDS = envfloat("LEASE_RENEW_SECONDS", 3)
 CLAIM_TTL_SECONDS = envfloat("CLAIM_TTL_SECONDS", 30)
 HEAL_INTERVAL_SECONDS = envfloat("HEAL_INTERVAL_SECONDS", 2)
+# Dead owners (a killed worker or cluster, known by the kernel here or by missed
+# heartbeats elsewhere) are looked for more often than the full heal: their slots are idle
+# until then. One DISTINCT over running jobs' lease owners per pass.
+DEAD_OWNER_SECONDS = envfloat("DEAD_OWNER_SECONDS", 0.5)
 DISPATCH_SAFETY_NET_SECONDS = envfloat("DISPATCH_SAFETY_NET_SECONDS", 3)
 HEARTBEAT_SECONDS = envfloat("HEARTBEAT_SECONDS", 5)
 BACKOFF_BASE_SECONDS = envfloat("BACKOFF_BASE_SECONDS", 2)

@@ -4,6 +4,7 @@ collector killed while downloading a finished remote task — across hosts by he
 with the lease as the backstop."""
 
 import socket
+import time
 import subprocess
 from datetime import timedelta
 
@@ -185,3 +186,22 @@ def test_a_running_job_on_a_silent_host_keeps_its_lease_until_it_expires(owner, 
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     recovery.heal()
     assert Job.objects.get(id=job.id).lease_token != job.lease_token
+
+
+def test_a_killed_workers_jobs_are_healed_within_the_dead_owner_cadence_not_the_heal_interval(owner, inline_tasks, settings):
+    from queue_app.service.loop import QueueService
+
+    settings.HEAL_INTERVAL_SECONDS = 60  # the full heal will not come round in this test
+    settings.DEAD_OWNER_SECONDS = 0.2
+    service = QueueService()
+    service.tick()  # every step ran once; the next heal is a minute away
+    here = socket.gethostname()
+    dead = running_jobs(owner, inline_tasks, 2, f"{here}:{dead_pid()}")
+    claimed = handed_out(owner, inline_tasks)
+    cluster()  # a cluster of this host died with the claim in its local queue
+    deadline = time.monotonic() + 0.2 + 1.0
+    while time.monotonic() < deadline and any(Job.objects.get(id=j.id).lease_owner != "" for j in dead):
+        service.tick()
+        time.sleep(0.05)
+    assert all(Job.objects.get(id=j.id).lease_owner == "" for j in dead)
+    assert Job.objects.get(id=claimed.id).lease_token != claimed.lease_token  # handed out again

@@ -8,6 +8,7 @@ HTTP checks of detached tasks run here on a bounded thread pool.
 Steps and their cadence:
 - heartbeat              every HEARTBEAT_SECONDS
 - heal                   every HEAL_INTERVAL_SECONDS: expired leases → pending
+- heal dead owners       every DEAD_OWNER_SECONDS: the work of processes known dead
 - dispatch safety net    every DISPATCH_SAFETY_NET_SECONDS: providers with work and room
 - wake on schedule       at the moment a cool-down or a backoff ends (wake_schedule), to ~100 ms
 - poll detached          every second: jobs whose next_poll_at is due (30 s; Civitai 5 s)
@@ -69,6 +70,9 @@ class QueueService:
     def step_heal(self) -> bool:
         return recovery.heal() > 0
 
+    def step_heal_dead_owners(self) -> bool:
+        return recovery.heal_dead_owners() > 0
+
     def step_dispatch(self) -> bool:
         return dispatch.ping_safety_net() > 0
 
@@ -125,6 +129,8 @@ class QueueService:
             self.step_heartbeat()
         if self.due("heal", settings.HEAL_INTERVAL_SECONDS):
             did = self.step_heal() or did
+        elif self.due("heal_dead_owners", settings.DEAD_OWNER_SECONDS):
+            did = self.step_heal_dead_owners() or did
         if self.due("dispatch", settings.DISPATCH_SAFETY_NET_SECONDS):
             did = self.step_dispatch() or did
         did = self.step_wake() or did
