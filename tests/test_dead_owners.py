@@ -4,8 +4,8 @@ collector killed while downloading a finished remote task — across hosts by he
 with the lease as the backstop."""
 
 import socket
-import time
 import subprocess
+import time
 from datetime import timedelta
 
 import pytest
