@@ -189,14 +189,16 @@ def _discard(prepared: list[Prepared]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None, handover=None) -> int:
+def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None, handover=None, job: Job | None = None) -> int:
     """Store the outputs as album items and complete the job, fenced by `token`, and mark
     the attempt `attempt_id` completed in the same transaction (a kill right after the
     commit cannot leave it "running"). With a `handover` (dispatch.Handover), the provider's
-    next job is claimed into the freed slot in that transaction too. Returns the number of
-    items written.
+    next job is claimed into the freed slot in that transaction too. `job`: the row the
+    caller holds under this lease (its id, project and owner name the files), saving a read;
+    the transaction checks the fence either way. Returns the number of items written.
     Raises Fenced, QuotaExceeded, DiskFull or a download error."""
-    job = Job.objects.fenced(job_id, token).first()
+    if job is None:
+        job = Job.objects.fenced(job_id, token).first()
     if job is None:
         raise Fenced(job_id)
     if not outputs:

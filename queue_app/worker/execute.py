@@ -158,7 +158,9 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
             _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
-    stored = store_outputs(job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True, handover=handover)
+    stored = store_outputs(
+        job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True, handover=handover, job=job
+    )
     return None if stored is Applied.SKIPPED else provider.id
 
 
