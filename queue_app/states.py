@@ -36,9 +36,20 @@ def effective_provider_sql():
 
 
 def effective_provider(job) -> int | None:
-    if job.status == Status.PROCESSING:
-        return job.active_provider_id
-    return job.provider_id or job.project.provider_id
+    return effective_provider_of(
+        status=job.status,
+        active_provider_id=job.active_provider_id,
+        provider_id=job.provider_id,
+        project_provider_id=job.project.provider_id,
+    )
+
+
+def effective_provider_of(*, status, active_provider_id, provider_id, project_provider_id) -> int | None:
+    """`effective_provider` from the bare columns (queue_status groups by them and joins
+    the project's provider in Python: the join to projects was a third of its query)."""
+    if status == Status.PROCESSING:
+        return active_provider_id
+    return provider_id or project_provider_id
 
 
 # --- Retry backoff -------------------------------------------------------------------------

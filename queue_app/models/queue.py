@@ -182,6 +182,15 @@ class Job(models.Model):
             # the monitor's "held for attention" list and count: a few rows among the
             # failed ones, newest first, without reading every failed job
             models.Index(fields=["error_class", "status", "finished_at"], name="job_attention"),
+            # queue_status's one grouped count (monitor, status API, metrics): every column
+            # it reads, only for the jobs it counts, so PostgreSQL answers from the index
+            # alone (an index-only scan) instead of visiting a heap page per open job.
+            models.Index(
+                fields=["owner", "status", "project", "provider", "active_provider"],
+                include=["task_id", "lease_expires_at", "not_before", "queued_at", "updated_at"],
+                condition=Q(status__in=["pending", "processing", "failed"]),
+                name="job_open_counts",
+            ),
         ]
         constraints = [
             # The database's own backstop for the concurrency limit: one job per slot.
