@@ -90,6 +90,22 @@ def test_percentiles_come_from_the_attempt_log(owner, ran):
     assert runs["all"]["count"] == 8
 
 
+def test_a_duration_on_a_bucket_bound_counts_in_that_bucket_and_past_the_last_only_in_the_count(owner, ran):
+    """Prometheus' `le`: a run of exactly 1 s is in the 1 s bucket, not the next; one
+    past the last bound is only in the count (+Inf). The database buckets them (a
+    width_bucket on PostgreSQL, a CASE elsewhere): both sides of every bound agree."""
+    now = timezone.now().replace(microsecond=0)
+    fast_attempts = JobAttempt.objects.filter(job__project__provider=ran["fast"]).order_by("id")
+    # SQLite's julianday arithmetic is off by some 20 µs: there, a hair under each bound
+    runs = (1, 1, 2.5, 0.1, 5000) if connection.vendor == "postgresql" else (0.999, 0.999, 2.499, 0.099, 5000)
+    for attempt, run in zip(fast_attempts, runs, strict=True):
+        JobAttempt.objects.filter(id=attempt.id).update(started_at=now - timedelta(seconds=run), finished_at=now)
+    runs = selectors_history.duration_histograms("run", user=owner, since=now - timedelta(hours=1))
+    cumulative = dict(runs[ran["fast"].id]["buckets"])
+    assert (cumulative[0.1], cumulative[0.5], cumulative[1], cumulative[2.5], cumulative[1800]) == (1, 1, 3, 4, 4)
+    assert runs[ran["fast"].id]["count"] == 5
+
+
 def test_percentiles_interpolate_inside_a_bucket_like_histogram_quantile():
     histogram = {"buckets": [(1, 0), (2, 10), (4, 10)], "count": 10, "sum": 15}
     assert selectors_history.percentiles(histogram, qs=(0.5,)) == {"p50": 1.5}

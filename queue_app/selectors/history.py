@@ -25,7 +25,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Case, Count, F, FloatField, Func, IntegerField, Q, Sum, Value, When
+from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
 from django.utils import timezone
 
 from queue_app.models import JobAttempt
@@ -85,6 +85,31 @@ class EpochBin(Func):
         return super().as_sql(compiler, connection, template="CAST(%(expressions)s / %(step)s AS INTEGER)", **extra)
 
 
+class LeBucket(Func):
+    """The index of the first bound a value is at most (Prometheus' `le`), len(bounds) past
+    the last bound or for NULL. On PostgreSQL one width_bucket over the negated bounds
+    (width_bucket counts the bounds <= its operand; negated, the bounds >= the value),
+    which evaluates the value once: a CASE of one WHEN per bound evaluated the duration up
+    to 14 times a row and was most of the run-time histogram's query."""
+
+    output_field = IntegerField()
+
+    def __init__(self, expression, bounds):
+        self.bounds = tuple(float(b) for b in bounds)
+        super().__init__(expression)
+
+    def as_sql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        whens = " ".join(f"WHEN ({sql}) <= {b!r} THEN {i}" for i, b in enumerate(self.bounds))
+        return f"CASE {whens} ELSE {len(self.bounds)} END", list(params) * len(self.bounds)
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        negated = ",".join(repr(-b) for b in reversed(self.bounds))
+        n = len(self.bounds)
+        return f"COALESCE({n} - width_bucket(-({sql}), ARRAY[{negated}]::float8[]), {n})", list(params)
+
+
 def _visible(user):
     attempts = JobAttempt.objects.all()
     return attempts if user is None or user.is_staff else attempts.filter(owner=user)
@@ -122,11 +147,7 @@ def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool =
     attempts, field = _durations(kind, user)
     if since is not None:
         attempts = attempts.filter(**{f"{field}__gte": since})
-    bucket = Case(
-        *[When(d__lte=float(b), then=Value(i)) for i, b in enumerate(bounds)],
-        default=Value(len(bounds)),  # past the last bound: +Inf only
-        output_field=IntegerField(),
-    )
+    bucket = LeBucket(F("d"), bounds)  # past the last bound: +Inf only
     keys = ["provider_id", "bucket"] if by_provider else ["bucket"]
     rows = attempts.annotate(bucket=bucket).values(*keys).annotate(n=Count("id"), total=Sum("d")).order_by()
     per: dict = defaultdict(lambda: {"counts": [0] * (len(bounds) + 1), "sum": 0.0})
