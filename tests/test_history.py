@@ -202,6 +202,19 @@ def test_the_history_is_kept_a_few_seconds_while_alerts_stay_live(client, owner,
     assert [a["kind"] for a in fast["alerts"]] == ["wait"]  # read from the live summary, not the cache
 
 
+def test_the_page_says_how_old_kept_charts_may_be(client, owner, ran, settings):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.HISTORY_CACHE_SECONDS = 30
+    client.force_login(owner)
+    first = client.get("/queue/?fragment=1")
+    computed = first.context["history"]["computed_at"]
+    later = client.get("/queue/?fragment=1").content.decode()
+    cache.clear()
+    assert f"as of {computed:%H:%M:%S} UTC" in later and "up to 30 s old" in later
+
+
 def test_a_rate_limited_attempt_counts_as_failed_and_the_hover_says_so(owner, ran):
     attempt = JobAttempt.objects.filter(outcome="permanent").first()
     JobAttempt.objects.filter(id=attempt.id).update(outcome="rate_limited")

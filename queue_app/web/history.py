@@ -38,7 +38,11 @@ def history_context(*, user, summary: dict, range_name: str = "hour", now=None) 
         row["alerts"] = alerts.get(row["id"], [])
         failed, ended = rates.get(row["id"], (0, 0))
         row["failure_rate_5m"] = f"{failed}/{ended}" if ended else ""
-    history = dict(cached["history"], alerting=sum(1 for row in summary.get("providers", []) if row.get("alerts")))
+    history = dict(
+        cached["history"],
+        alerting=sum(1 for row in summary.get("providers", []) if row.get("alerts")),
+        kept_seconds=seconds if seconds > 0 else 0,
+    )
     return {"history": history}
 
 
