@@ -6,6 +6,8 @@ tooltip). The page's auto-refresh redraws it with the rest of the live part. Tex
 through `escape`: provider names are user input.
 """
 
+from functools import lru_cache
+
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
@@ -13,14 +15,21 @@ BAR_GAP = 1
 COLORS = {"completed": "#16a34a", "failed": "#dc2626"}
 
 
+@lru_cache(maxsize=32)
+def _frame(bins: tuple, width: int) -> tuple[list[tuple[str, float]], str]:
+    """Each bin's label and x, and the bar width: the same for every chart of a page (a
+    page draws up to 13 over the same bins), so worked out once."""
+    slot = width / max(1, len(bins))
+    bar = max(1.0, slot - BAR_GAP)
+    return [(f"{start:%H:%M}", round(i * slot, 2)) for i, start in enumerate(bins)], f"{bar:.2f}"
+
+
 def throughput_svg(
     *, bins, completed, failed, step_seconds: int, label: str, rate_limited=None, width: int = 480, height: int = 70
 ):
     """Stacked bars per bin (completed below, failed on top), with a <title> per bin."""
-    count = max(1, len(bins))
     peak = max([c + f for c, f in zip(completed, failed, strict=True)] + [1])
-    slot = width / count
-    bar = max(1.0, slot - BAR_GAP)
+    frame, bar = _frame(tuple(bins), width)
     per = "min" if step_seconds == 60 else f"{step_seconds // 60} min"
     parts = [
         f'<svg class="chart" role="img" aria-label="{escape(label)}" width="{width}" height="{height + 14}" '
@@ -28,22 +37,21 @@ def throughput_svg(
         f"<title>{escape(label)}: peak {peak} per {per}</title>",
         f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" stroke="#d1d5db"/>',
     ]
-    for i, start in enumerate(bins):
+    for i, (hhmm, x) in enumerate(frame):
         c, f = completed[i], failed[i]
-        x = round(i * slot, 2)
-        parts.append(f'<g data-bin="{start:%H:%M}" data-completed="{c}" data-failed="{f}">')
+        parts.append(f'<g data-bin="{hhmm}" data-completed="{c}" data-failed="{f}">')
         limited = rate_limited[i] if rate_limited else 0
         note = f" ({limited} rate-limited)" if limited else ""
-        parts.append(f"<title>{start:%H:%M} UTC, {per}: {c} completed, {f} failed{note}</title>")
+        parts.append(f"<title>{hhmm} UTC, {per}: {c} completed, {f} failed{note}</title>")
         # an invisible full-height bar, so an empty bin still answers a hover
-        parts.append(f'<rect x="{x}" y="0" width="{bar:.2f}" height="{height}" fill="transparent"/>')
+        parts.append(f'<rect x="{x}" y="0" width="{bar}" height="{height}" fill="transparent"/>')
         c_h = round(height * c / peak, 2)
         f_h = round(height * f / peak, 2)
         if c:
-            parts.append(f'<rect x="{x}" y="{height - c_h}" width="{bar:.2f}" height="{c_h}" fill="{COLORS["completed"]}"/>')
+            parts.append(f'<rect x="{x}" y="{height - c_h}" width="{bar}" height="{c_h}" fill="{COLORS["completed"]}"/>')
         if f:
             y = height - c_h - f_h
-            parts.append(f'<rect x="{x}" y="{y}" width="{bar:.2f}" height="{f_h}" fill="{COLORS["failed"]}"/>')
+            parts.append(f'<rect x="{x}" y="{y}" width="{bar}" height="{f_h}" fill="{COLORS["failed"]}"/>')
         parts.append("</g>")
     if bins:
         parts.append(f'<text x="0" y="{height + 12}" font-size="10" fill="#6b7280">{bins[0]:%H:%M}</text>')
