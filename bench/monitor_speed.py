@@ -41,10 +41,10 @@ from django.test.utils import CaptureQueriesContext, override_settings  # noqa: 
 from django.utils import timezone  # noqa: E402
 
 GOAL_MS = 100.0
-# The uncached monitor page before the attempt log carried its job's provider, owner and
-# queued time (main at 525f4a0 with this seed and VACUUM, run just before this branch on
-# 2026-11-30, load 3.8 on 2 shared cores): the history joined every job on each request.
-BEFORE_UNCACHED = {"owner": 274, "staff": 254}
+# The uncached monitor page before queue_status read a covering index without joining the
+# projects (main at 50286c1 with this seed and VACUUM, run just before branch monitorfast
+# on 2026-12-01 at load 3.2-4.5 on 2 shared cores; a second run: 167 / 100 ms).
+BEFORE_UNCACHED = {"owner": 123, "staff": 115}
 
 
 def seed(n_jobs: int, n_providers: int, n_projects: int):
