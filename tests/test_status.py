@@ -117,3 +117,22 @@ def test_every_filter_state_counts_what_its_rows_say(owner, fixture, state, minu
     assert {row["state"] for row in page["jobs"]} <= {state}
     assert page["total"] == len(page["jobs"]) == queue_status(user=owner, now=now)["totals"][state]
     assert all(bool(row["waiting_reason"]) == (state in ("waiting", "stalled")) for row in page["jobs"])
+
+
+@pytest.mark.parametrize("who", ["owner", "staff"])
+def test_the_grouped_count_reads_only_columns_the_open_jobs_index_holds(fixture, owner, staff, who):
+    """queue_status's one grouped count (the monitor's, the status API's, /metrics') joins
+    nothing and reads only columns the partial index job_open_counts holds, so PostgreSQL
+    can answer it with an index-only scan instead of a heap page per open job (30 -> 11
+    ms at 100,000 jobs). A column added to the query and not to the index fails here."""
+    import re
+
+    user = owner if who == "owner" else staff
+    with CaptureQueriesContext(connection) as ctx:
+        queue_status(user=user, breakdown="all")
+    grouped = [q["sql"] for q in ctx.captured_queries if 'AS "processing_state"' in q["sql"]]
+    assert len(grouped) == 1 and "JOIN" not in grouped[0]
+    index = next(i for i in Job._meta.indexes if i.name == "job_open_counts")
+    held = {Job._meta.get_field(name).column for name in (*index.fields, *index.include)}
+    read = set(re.findall(r'"queue_app_job"\."(\w+)"', grouped[0]))
+    assert read and read <= held, read - held
