@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from queue_app import states
 from queue_app.engine import heartbeats, runners
-from queue_app.models import Job, Project, Status
+from queue_app.models import Job, JobAttempt, Project, Status
 from queue_app.selectors.polling import poll_lag
 from queue_app.selectors.visibility import visible_jobs, visible_providers
 
@@ -353,15 +353,17 @@ def jobs_page(
     pages = max(1, -(-total // per_page))
     page = max(1, min(int(page), pages))
     offset = (page - 1) * per_page
-    chunk = jobs.select_related("project").order_by("-created_at", "-id")[offset : offset + per_page]
-    if with_attempts:
-        chunk = chunk.prefetch_related("attempt_log")
-    chunk = list(chunk)
+    chunk = list(jobs.select_related("project").order_by("-created_at", "-id")[offset : offset + per_page])
+    # One query for the page's attempts, in the order a job lists them. Not
+    # prefetch_related: the attempts' default ordering ("job" first) joined every one to
+    # its job to sort by the job's creation, and it built a queryset per job.
+    attempts = defaultdict(list)
+    if with_attempts and chunk:
+        for attempt in JobAttempt.objects.filter(job_id__in=[job.id for job in chunk]).order_by("job_id", "number", "id"):
+            attempts[attempt.job_id].append(attempt)
     health = runner_health({job.project_id for job in chunk if job.project.kind in runners.RUNNERS}, now=now)
     rows = [
-        job_row(
-            job, providers=providers, live=live, now=now, attempts=job.attempt_log.all() if with_attempts else None, health=health
-        )
+        job_row(job, providers=providers, live=live, now=now, attempts=attempts[job.id] if with_attempts else None, health=health)
         for job in chunk
     ]
     return {
