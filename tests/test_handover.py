@@ -3,15 +3,17 @@ slot, the claim of the provider's next job into that slot and the opening of tha
 attempt commit together, and the worker goes on with the next job without a trip through
 the broker or a second read of it."""
 
+import threading
+
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from queue_app import providers, services
 from queue_app.engine import dispatch, heartbeats
 from queue_app.models import Job, JobAttempt, Provider, Status
 from queue_app.worker import execute
-from tests.conftest import make_drafts, make_project, make_provider, status_of
+from tests.conftest import is_postgres, make_drafts, make_project, make_provider, status_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,11 +115,11 @@ def test_a_refused_handover_claim_keeps_the_completion_and_refills_through_dispa
     real = dispatch._claim_free_slots
     refused = []
 
-    def refuse_in_handover(provider_row, *, hold_one):
+    def refuse_in_handover(provider_row, *, hold_one, skip_locked=False):
         if not refused:
             refused.append(provider_row.id)
             raise IntegrityError("slot taken")
-        return real(provider_row, hold_one=hold_one)
+        return real(provider_row, hold_one=hold_one, skip_locked=skip_locked)
 
     monkeypatch.setattr(dispatch, "_claim_free_slots", refuse_in_handover)
     execute.run(*first)
@@ -135,3 +137,32 @@ def test_past_its_budget_a_worker_hands_the_next_job_to_the_broker_in_the_same_c
     assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.PROCESSING]
     assert [args[0] for args in inline_tasks.executions()] == [str(jobs[1].id)]
     assert Job.objects.get(id=jobs[1].id).lease_owner == ""  # nobody took it yet: the broker's
+
+
+@pytest.mark.skipif(not is_postgres(), reason="row locks need PostgreSQL (SQLite writes one at a time)")
+def test_a_handover_passes_over_a_pending_job_another_transaction_holds(owner, inline_tasks):
+    # A project delete or a cancel holding a pending row may be waiting for the row of the
+    # job this worker completes: waiting for it in return would deadlock.
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 3)
+    locked, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_second_job():
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(id=jobs[1].id).first()
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+            done.set()
+
+    threading.Thread(target=hold_second_job, daemon=True).start()
+    assert locked.wait(5)
+    try:
+        execute.run(*first)
+        assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.PENDING, Status.COMPLETED]
+    finally:
+        release.set()
+        done.wait(5)
+    assert [job_id for job_id, _ in dispatch.dispatch(provider.id)] == [jobs[1].id]

@@ -110,9 +110,10 @@ def _lock_provider(provider_id: int) -> Provider | None:
     )
 
 
-def _claim_free_slots(provider: Provider, *, hold_one: bool) -> list[tuple]:
+def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool = False) -> list[tuple]:
     """Under the provider's lock: claim the oldest dispatchable jobs into its free slots and
-    enqueue them (all but the first with `hold_one`). Returns [(job_id, token)]."""
+    enqueue them (all but the first with `hold_one`). `skip_locked` passes over pending rows
+    another transaction holds. Returns [(job_id, token)]."""
     used = set(Job.objects.filter(active_provider_id=provider.id, status=Status.PROCESSING).values_list("slot", flat=True))
     # After the limit was lowered, running work may sit in slots above it: the
     # count of held slots caps the claims, not only which low numbers are free.
@@ -122,7 +123,10 @@ def _claim_free_slots(provider: Provider, *, hold_one: bool) -> list[tuple]:
     # Real rows first, then as many free slot numbers as there are candidates: the
     # cost under the lock follows the jobs, never the configured number (a
     # concurrency of millions must not build a list of millions here).
-    candidates = list(dispatchable_jobs(provider.id).select_related("project")[:room])
+    candidates = dispatchable_jobs(provider.id).select_related("project")
+    if skip_locked:
+        candidates = candidates.select_for_update(of=("self",), skip_locked=True)
+    candidates = list(candidates[:room])
     free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
     claims = [(job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)]
     claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner="")
@@ -138,34 +142,36 @@ class Handover:
     claim and the attempt commit together (one commit where there were three), and the
     worker runs the next job without reading it again.
 
-    In the writer's transaction: `lock()` first — the provider row before any job row, the
-    lock order dispatch uses — then `claim()` once the job has left its slot. Only after
-    commit does `held` name the next job, as (job, token, attempt); `done` says the claim
-    committed (so nobody needs to dispatch this provider again for the freed slot). With
-    `carry_on` False every claim goes to the broker and nothing is held."""
+    `claim()` runs in the writer's transaction once the job has left its slot. It takes the
+    provider lock only then, so completions of one provider serialise on the claim, not on
+    the whole album write. Holding its own job's row first is safe: whoever holds a
+    provider lock (dispatch, another handover) touches pending rows only, never a processing
+    one. The candidates are taken with SKIP LOCKED: a pending row another transaction holds
+    (a cancel, a project delete that may be waiting for this worker's row) is left to the
+    next dispatch instead of waited for. Only after commit does `held` name the next job,
+    as (job, token, attempt); `done` says the claim committed (nobody needs to dispatch this
+    provider again for the freed slot). With `carry_on` False every claim goes to the
+    broker and nothing is held."""
 
     def __init__(self, provider_id: int, *, carry_on: bool = True):
         self.provider_id = provider_id
         self.carry_on = carry_on
-        self.provider = None
         self.held = None
         self.done = False
 
-    def lock(self) -> None:
-        self.held, self.done = None, False
-        self.provider = _lock_provider(self.provider_id)
-
     def claim(self) -> None:
-        if self.provider is None:
-            # Paused or cooling down when the transaction began: its resume or the end of
-            # its cool-down wakes dispatch, as for any provider.
+        self.held, self.done = None, False
+        provider = _lock_provider(self.provider_id)
+        if provider is None:
+            # Paused or cooling down: its resume or the end of its cool-down wakes
+            # dispatch, as for any provider.
             transaction.on_commit(self._committed(None))
             return
         held = None
         try:
             # A savepoint: the slot index refusing a claim must not undo the completion.
             with transaction.atomic():
-                claimed = _claim_free_slots(self.provider, hold_one=self.carry_on)
+                claimed = _claim_free_slots(provider, hold_one=self.carry_on, skip_locked=True)
                 if claimed and self.carry_on:
                     held = self._open(*claimed[0])
         except IntegrityError:

@@ -231,11 +231,9 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id, handover) -> 
 
 
 def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, placed: list[Path], handover) -> None:
-    # Events are written last (events.batched): the handover's claim locks job rows, which
-    # come before project rows in the engine's lock order.
+    # Events are written last (events.batched): the handover's claim locks the provider
+    # and job rows, which come before project rows in the engine's lock order.
     with transaction.atomic(), events.batched():
-        if handover is not None:
-            handover.lock()  # the provider row first, as dispatch takes it
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
         locked = Job.objects.select_for_update().fenced(job.id, token).first()
