@@ -8,8 +8,9 @@
 6. The media disk fills up (a small tmpfs at MEDIA_ROOT, filled with a file): no partial
    album item, no half-written file; the jobs wait with the reason and complete once the
    filler is deleted.
-7. One host's clock runs 60 s ahead (libfaketime: one qcluster and the queue service):
-   no early heal, no lease or claim stolen — leases are measured on the database's clock.
+7. One host's clock runs 60 s ahead (bench/skewclock.py: one qcluster and the queue
+   service): no early heal, no lease or claim stolen — leases are measured on the
+   database's clock.
 
 Each run is bench/chaos.py's soak (its fake provider with injected faults, its books:
 jobs lost, duplicate album items, concurrency violations from exact intervals, leaked
@@ -17,8 +18,8 @@ slots, extra paid submissions with their cause) with one infrastructure fault in
 the kills, plus the scenario's own books and "fault → every affected job dispatchable or
 running again" (p100). Everything runs against PRIVATE PostgreSQL and Redis instances this
 script starts on free ports in a temporary directory (never the shared servers) and tears
-down at the end, also on failure. Needs root (tmpfs, runuser) and Debian's postgresql-15,
-redis-server and faketime (installed with apt-get when missing).
+down at the end, also on failure. Needs root (tmpfs, runuser), Debian's postgresql-15 and
+redis-server (installed with apt-get when missing) and a C compiler (the clock shim).
 """
 
 import argparse
@@ -36,15 +37,21 @@ import time
 from pathlib import Path
 
 from bench import chaos as soak
-from bench import runner
+from bench import runner, skewclock
 
 ROOT = runner.ROOT
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 VAR = ROOT / "var" / "chaos-faults"
 DISK_FULL_WORDS = "media disk is full"
+CLOCK_AHEAD_SECONDS = 60
 SCENARIOS = (4, 5, 6, 7)
 line = soak.line
+
+
+def clock_ahead_env() -> dict:
+    """Scenario 7's environment for worker-b and the queue service: their wall clock
+    CLOCK_AHEAD_SECONDS ahead, their monotonic clock and timed waits untouched."""
+    return skewclock.env(skewclock.build(ROOT / "var" / "skewclock"), CLOCK_AHEAD_SECONDS)
 
 
 def free_port(start: int) -> int:
@@ -60,7 +67,7 @@ def free_port(start: int) -> int:
 
 def ensure_tools() -> None:
     missing = [
-        pkg for pkg, path in (("faketime", FAKETIME_LIB), ("redis-server", Path("/usr/bin/redis-server"))) if not path.exists()
+        pkg for pkg, path in (("gcc", Path("/usr/bin/cc")), ("redis-server", Path("/usr/bin/redis-server"))) if not path.exists()
     ]
     if not (PG_BIN / "initdb").exists():
         missing.append("postgresql-15")
@@ -154,9 +161,7 @@ class FaultRun(soak.Chaos):
     def start_processes(self):
         if self.scenario == 6:
             self.mount_media()
-        fast = {}
-        if self.scenario == 7:
-            fast = dict(LD_PRELOAD=str(FAKETIME_LIB), FAKETIME="+60s")
+        fast = clock_ahead_env() if self.scenario == 7 else {}
         self.procs = {
             "worker-a": runner.manage(self.stack, "worker-a", "qcluster", log_dir=self.logs),
             "worker-b": runner.manage(self.stack, "worker-b", "qcluster", log_dir=self.logs, **fast),
@@ -338,7 +343,7 @@ class FaultRun(soak.Chaos):
     def fault_7(self):
         # The fault is there from the start (worker-b and the queue service run 60 s
         # ahead); what is measured is that nothing is taken early.
-        self.events.append(f"{self.stamp()} worker-b and the queue service run 60 s ahead (libfaketime)")
+        self.events.append(f"{self.stamp()} worker-b and the queue service run {CLOCK_AHEAD_SECONDS} s ahead (skewclock)")
 
     # --- the books -----------------------------------------------------------------
 
