@@ -426,6 +426,29 @@ class FaultRun(soak.Chaos):
         self.check(
             "early heals", healed + interrupted + lease_lost + released == 0, f"{healed}/{interrupted}/{lease_lost}/{released}"
         )
+        if healed + interrupted + lease_lost:
+            self.explain_heals()
+
+    def explain_heals(self):
+        """What each healed or interrupted job went through, on the database's clock: the
+        private database is gone after the run, and this is what tells why."""
+        from django.db.models import Q
+
+        from queue_app.models import JobAttempt, ProjectEvent
+
+        odd = Q(kind="job.healed") | Q(job_id__in=JobAttempt.objects.filter(outcome__in=["interrupted", "lost"]).values("job_id"))
+        job_ids = set(ProjectEvent.objects.filter(project__owner=self.user).filter(odd).values_list("job_id", flat=True))
+        for job_id in sorted(map(str, job_ids)):
+            print(f"#   job {job_id}:")
+            events = ProjectEvent.objects.filter(job_id=job_id).order_by("seq")
+            for at, kind, status, payload in events.values_list("created_at", "kind", "status", "payload"):
+                print(f"#     {at:%H:%M:%S.%f} event {kind} {status} {payload}")
+            attempts = JobAttempt.objects.filter(job_id=job_id).order_by("number")
+            for number, worker, began, ended, outcome, reason in attempts.values_list(
+                "number", "worker", "started_at", "finished_at", "outcome", "reason"
+            ):
+                ended = f"{ended:%H:%M:%S.%f}" if ended else "-"
+                print(f"#     attempt {number} {worker} {began:%H:%M:%S.%f} → {ended} {outcome} {reason[:120]}")
 
 
 def parse_args(argv=None):
