@@ -187,6 +187,7 @@ class FaultRun(soak.Chaos):
         self.started_wall = time.time()
         total = self.args.jobs
         deadline = started + (self.args.drain_timeout or (150 if self.args.ci else max(240, total * 1.2)))
+        self.wait_ready()
         self.start_jobs()
         faulted = False
         while True:
@@ -213,6 +214,21 @@ class FaultRun(soak.Chaos):
             time.sleep(0.1)
         self.elapsed = time.monotonic() - started
         time.sleep(1)
+
+    def wait_ready(self, timeout: float = 90):
+        """Jobs start once both clusters take tasks and the queue service has done its
+        start-up scan. On this loaded 2-core machine they took ~8 s to boot; claims made
+        before then sat untaken until their 10 s ran out and were healed, which scenario 7
+        counted as an early heal (seed 100, one run in twenty)."""
+        ready = {"worker-a": "] running.", "worker-b": "] running.", "queue": "recovery scan:"}
+        began = time.monotonic()
+        runner.wait_for(
+            lambda: all(words in self.procs[name].log() for name, words in ready.items()),
+            timeout=timeout,
+            interval=0.1,
+            message="both clusters and the queue service to be up",
+        )
+        self.events.append(f"{self.stamp()} processes up after {time.monotonic() - began:.1f} s; jobs start")
 
     def affected(self) -> dict:
         """Every processing job as it stands: a job is dispatchable or running again once
