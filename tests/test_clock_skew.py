@@ -75,3 +75,68 @@ def test_a_backoff_is_measured_on_the_database_clock(owner, inline_tasks, clock_
     assert transitions.job_requeue(job.id, token, reason="busy", error_class="transient", delay=5)
     not_before = Job.objects.values_list("not_before", flat=True).get(id=job.id)
     assert timedelta(seconds=4) < not_before - db_now() <= timedelta(seconds=5)
+
+
+def test_a_queue_service_ahead_by_60_s_dispatches_when_a_cool_down_ends(owner, inline_tasks, clock_ahead):
+    import time
+
+    from queue_app.models import Provider
+    from queue_app.service.loop import QueueService
+
+    provider = make_provider(owner)
+    Provider.objects.filter(id=provider.id).update(paused=True)
+    project = make_project(owner, provider)
+    [job] = make_drafts(project)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    until = db_now() + timedelta(milliseconds=400)
+    Provider.objects.filter(id=provider.id).update(paused=False, cooldown_until=until)
+    service = QueueService()
+    service.step_wake()
+    # Read on the process's clock, the moment was already 59.6 s past: never woken for.
+    assert service.wake_at == until
+    assert 0 < service.idle_sleep() <= 0.41
+    assert service.step_wake() is False  # not yet: the database says it is still cooling down
+    time.sleep(max(0.0, (until - db_now()).total_seconds()) + 0.02)
+    assert service.step_wake() is True
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING
+
+
+def test_a_push_sender_ahead_by_60_s_takes_no_live_senders_rows(owner, clock_ahead):
+    from queue_app.models import ProjectRun, PushOutbox, PushSubscription
+    from queue_app.notifications import outbox
+
+    project = make_project(owner, name="Herons")
+    now = db_now()
+    run = ProjectRun.objects.create(project=project, opened_at=now, last_started_at=now, closed_at=now, total=1, completed=1)
+    subscription = PushSubscription.objects.create(user=owner, endpoint="https://push.invalid/x", p256dh="k", auth="a")
+    # Another host's sender claimed the row a few seconds ago and is inside its send.
+    held = now + timedelta(seconds=outbox.SEND_CLAIM_SECONDS - 5)
+    row = PushOutbox.objects.create(
+        run=run, subscription=subscription, payload={"title": "t"}, next_try_at=now, claimed_until=held, attempts=1
+    )
+    sender = outbox.Sender()
+    try:
+        assert sender.step() == 0
+    finally:
+        sender.close()
+    row.refresh_from_db()
+    assert row.claimed_until == held and row.attempts == 1
+
+
+def test_a_process_ahead_by_60_s_takes_over_no_live_upload_claim(owner, clock_ahead):
+    from comfy_app.models import ComfyInstance, ComfyUpload
+    from comfy_app.runner import uploads
+
+    project = make_project(owner, kind="comfyui", name="Comfy")
+    instance = ComfyInstance.objects.create(project=project, base_url="http://127.0.0.1:9")
+    # Another host's process is uploading: its claim has 30 s to run on the database's clock.
+    held = db_now() + timedelta(seconds=30)
+    ComfyUpload.objects.create(instance_id=instance.id, address="http://127.0.0.1:9", name="ref.png", claimed_until=held)
+    _, mine = uploads._claim(instance.id, "http://127.0.0.1:9", "ref.png")
+    assert mine is False
+    # Its own claim lasts CLAIM_SECONDS on the database's clock, not 60 s longer.
+    ComfyUpload.objects.all().delete()
+    row, mine = uploads._claim(instance.id, "http://127.0.0.1:9", "ref.png")
+    row.refresh_from_db()
+    assert mine and row.claimed_until - db_now() <= timedelta(seconds=uploads.CLAIM_SECONDS)

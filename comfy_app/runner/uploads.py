@@ -12,10 +12,11 @@ from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from comfy_app import client as comfy
 from comfy_app.models import ComfyUpload
+from queue_app.engine.clock import db_now
 
 CLAIM_SECONDS = 330  # longer than an upload may take (client.UPLOAD_TIMEOUT)
 WAIT_STEP = 0.1
@@ -23,7 +24,8 @@ WAIT_STEP = 0.1
 
 def _claim(instance_id: int, address: str, name: str) -> tuple[ComfyUpload, bool]:
     """(row, mine): mine when this caller is the one to upload now."""
-    until = timezone.now() + timedelta(seconds=CLAIM_SECONDS)
+    # The database's clock: another host's process decides when this claim has run out.
+    until = db_now() + timedelta(seconds=CLAIM_SECONDS)
     try:
         with transaction.atomic():
             row = ComfyUpload.objects.create(instance_id=instance_id, address=address, name=name, claimed_until=until)
@@ -34,7 +36,7 @@ def _claim(instance_id: int, address: str, name: str) -> tuple[ComfyUpload, bool
     if row.stored_as:
         return row, False
     # The holder died mid-upload (its claim ran out): take it over, one taker only.
-    expired = Q(claimed_until__isnull=True) | Q(claimed_until__lt=timezone.now())
+    expired = Q(claimed_until__isnull=True) | Q(claimed_until__lt=Now())
     taken = ComfyUpload.objects.filter(id=row.id, stored_as="").filter(expired).update(claimed_until=until)
     return row, bool(taken)
 

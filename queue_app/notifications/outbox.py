@@ -26,10 +26,12 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 from pywebpush import WebPushException, webpush
 
 from queue_app.engine import runs
+from queue_app.engine.clock import db_now
 from queue_app.models import PushOutbox, PushSubscription
 from queue_app.notifications.vapid import vapid_keys, vapid_signer
 from queue_app.providers import net
@@ -138,7 +140,8 @@ def outbox_record(row: PushOutbox, outcome: str, *, until, retry_after: float | 
     """Write a send's outcome, only while our claim holds (a sender whose claim expired and
     was taken over writes nothing). A retry waits the push service's Retry-After when it
     gave one (up to an hour), else our own backoff."""
-    done = timezone.now()
+    # The database's clock: the retry's due time is compared by every host's sender.
+    done = Now()
     mine = PushOutbox.objects.filter(id=row.id, outcome="", claimed_until=until)
     if outcome == "sent":
         mine.update(outcome="sent", sent_at=done, claimed_until=None)
@@ -180,7 +183,9 @@ class Sender:
         free = self.parallelism - len(self.futures)
         if free <= 0:
             return 0
-        ids, until = outbox_claim(now=now or timezone.now(), limit=free)
+        # Claims are compared by every host's sender: a host whose clock runs ahead would
+        # take a live sender's rows early and push them twice.
+        ids, until = outbox_claim(now=now or db_now(), limit=free)
         if not ids:
             return 0
         private_key = vapid_keys()[1]  # read (or created) here, once, not by every thread

@@ -28,6 +28,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from queue_app.engine import dispatch, heartbeats, runners, wake_schedule
+from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
 from queue_app.service import poller, recovery
@@ -53,6 +54,7 @@ class QueueService:
         self.push_sender: outbox.Sender | None = None
         self.wake_at = None  # the next cool-down or backoff end, from wake_schedule
         self.wake_read_at = None
+        self.clock_offset = timedelta(0)  # the database's clock minus this process's
 
     def due(self, step: str, every: float) -> bool:
         now = time.monotonic()
@@ -76,15 +78,31 @@ class QueueService:
     def step_dispatch(self) -> bool:
         return dispatch.ping_safety_net() > 0
 
+    def db_clock(self):
+        """The database's time between reads, from this process's clock and the offset
+        measured at the last read. Cool-down and backoff ends are the database's moments: a
+        host whose clock runs ahead would skip every one that ends within its lead (and
+        leave it to the 3 s sweep), one behind would fire late."""
+        return timezone.now() + self.clock_offset
+
+    def measure_clock(self):
+        now = db_now()
+        self.clock_offset = now - timezone.now()
+        return now
+
     def step_wake(self, now=None) -> bool:
-        """Dispatch at the moment a cool-down or backoff ends, then read the next moment."""
-        now = now or timezone.now()
+        """Dispatch at the moment a cool-down or backoff ends, then read the next moment.
+        `now` is on the database's clock."""
+        measured = now is None
+        now = now or self.db_clock()
         fired = did = False
         if self.wake_at is not None and now >= self.wake_at + WAKE_MARGIN:
             fired, self.wake_at = True, None
             did = dispatch.ping_safety_net() > 0
         stale = self.wake_read_at is None or (now - self.wake_read_at).total_seconds() >= WAKE_REFRESH_SECONDS
         if fired or stale:
+            if measured:
+                now = self.measure_clock()
             self.wake_at = wake_schedule.next_moment(now)
             self.wake_read_at = now
         return did
@@ -93,7 +111,7 @@ class QueueService:
         """How long the idle loop may sleep without missing the next wake moment."""
         if self.wake_at is None:
             return IDLE_SLEEP_SECONDS
-        until = (self.wake_at + WAKE_MARGIN - (now or timezone.now())).total_seconds()
+        until = (self.wake_at + WAKE_MARGIN - (now or self.db_clock())).total_seconds()
         return min(IDLE_SLEEP_SECONDS, max(0.0, until))
 
     def step_poll(self, now=None) -> bool:
