@@ -11,7 +11,10 @@
 4. enqueue their execution in the same transaction (ORM broker: atomic with the claim)
    or on commit (Redis broker).
 
-Lock order everywhere: provider row, then job rows, then project rows (events).
+Lock order everywhere: provider row, then job rows, then project rows (events). The one
+exception is the handover (`Handover`), which holds its worker's own processing row before
+it takes the provider lock: no holder of a provider lock ever waits for a processing row,
+and it skips pending rows that are held rather than wait for them.
 """
 
 import itertools
