@@ -57,6 +57,30 @@ def test_a_dead_clusters_untaken_claim_is_handed_out_again_at_once(owner, inline
     assert not Heartbeat.objects.exists()  # released once per death
 
 
+def test_a_zombie_cluster_counts_as_dead_before_it_is_reaped(owner, inline_tasks):
+    # A crashed qcluster worker stays a zombie until its sentinel's next guard cycle, and
+    # a killed cluster's workers until init reaps them; the kernel still answers signal 0.
+    zombie = subprocess.Popen(["true"])
+    try:
+        assert _waited_to_exit_unreaped(zombie.pid)
+        job = handed_out(owner, inline_tasks)
+        cluster(pid=zombie.pid)
+        assert recovery.heal() >= 1
+        assert Job.objects.get(id=job.id).lease_token != job.lease_token
+    finally:
+        zombie.wait()
+
+
+def _waited_to_exit_unreaped(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            if stat.read().rpartition(b") ")[2][:1] == b"Z":
+                return True
+        time.sleep(0.01)
+    return False
+
+
 def test_a_cluster_on_another_host_that_stopped_beating_releases_its_claims(owner, inline_tasks, settings):
     job = handed_out(owner, inline_tasks)
     cluster(host="other-host", pid=4242, seen_ago=settings.HEARTBEAT_SECONDS * 3 + 1)

@@ -34,6 +34,10 @@ def _crash_in_worker(owner, tmp_path, failpoint: str, **options):
     try:
         services.jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: _worker_died(job), timeout=60, message=f"a worker to exit at {failpoint}")
+    except AssertionError:
+        print(Job.objects.filter(id=job.id).values().first(), list(JobAttempt.objects.filter(job=job).values()))
+        print(cluster.log()[-3000:])
+        raise
     finally:
         cluster.stop()
     job.refresh_from_db()

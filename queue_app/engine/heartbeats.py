@@ -50,13 +50,25 @@ def liveness(*, now=None) -> dict:
 
 
 def pid_alive(pid: int) -> bool:
+    """A process on this host that still runs. A zombie (exited, not yet reaped by its
+    parent: a qcluster worker between its crash and the sentinel's next guard cycle, or
+    the workers of a killed cluster until init reaps them) holds nothing and counts as dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The state follows the command name in parentheses, which may itself hold ") ".
+            return stat.read().rpartition(b") ")[2][:1] in (b"Z", b"X")
+    except OSError:
+        return False  # no /proc (not Linux) or it vanished meanwhile: os.kill already answered
 
 
 def owner_is_dead(owner: str, *, now=None) -> bool:
