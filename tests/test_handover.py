@@ -112,7 +112,7 @@ def test_a_paused_provider_gets_no_handover_and_its_resume_dispatches(owner, inl
 def test_a_refused_handover_claim_keeps_the_completion_and_refills_through_dispatch(owner, inline_tasks, monkeypatch):
     provider = make_provider(owner, concurrency=1)
     jobs, first = started(owner, provider, 2)
-    real = dispatch._claim_free_slots
+    real = dispatch._claim_rows
     refused = []
 
     def refuse_in_handover(provider_row, *, hold_one, skip_locked=False):
@@ -121,7 +121,7 @@ def test_a_refused_handover_claim_keeps_the_completion_and_refills_through_dispa
             raise IntegrityError("slot taken")
         return real(provider_row, hold_one=hold_one, skip_locked=skip_locked)
 
-    monkeypatch.setattr(dispatch, "_claim_free_slots", refuse_in_handover)
+    monkeypatch.setattr(dispatch, "_claim_rows", refuse_in_handover)
     execute.run(*first)
     assert refused == [provider.id]
     # The completion committed without the claim; the worker then dispatched on its own.
@@ -166,3 +166,48 @@ def test_a_handover_passes_over_a_pending_job_another_transaction_holds(owner, i
         release.set()
         done.wait(5)
     assert [job_id for job_id, _ in dispatch.dispatch(provider.id)] == [jobs[1].id]
+
+
+def reads_of(statements, table: str) -> int:
+    return sum(1 for sql in statements if sql.lstrip().upper().startswith("SELECT") and f'FROM "{table}"' in sql)
+
+
+def test_between_two_calls_the_job_table_is_read_three_times_and_the_quota_once(owner, inline_tasks, monkeypatch):
+    # To lock the completing job, to see the provider's slots in use and to pick the next
+    # job; the completion does not read its locked row again, and the claimed job is not
+    # read back (it is in hand).
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 3)
+    with CaptureQueriesContext(connection) as queries:
+        log = CallLog(monkeypatch, queries)
+        execute.run(*first)
+    between = log.between_calls(0)
+    assert reads_of(between, "queue_app_job") == 3
+    # The owner's album usage and storage limit: one statement.
+    quota = [sql for sql in between if "storage_limit_bytes" in sql or 'SUM("queue_app_albumitem"."size")' in sql]
+    assert len(quota) == 1 and "storage_limit_bytes" in quota[0] and "SUM(" in quota[0]
+    assert [status_of(job) for job in jobs] == [Status.COMPLETED] * 3
+
+
+def test_the_claimed_job_in_hand_is_its_row(owner, inline_tasks):
+    provider = make_provider(owner, concurrency=1)
+    Provider.objects.filter(id=provider.id).update(paused=True)
+    project = make_project(owner, provider)
+    make_drafts(project, 2)
+    services.jobs_start(user=owner, project=project, all_drafts=True)
+    Provider.objects.filter(id=provider.id).update(paused=False)
+    handover = dispatch.Handover(provider.id)
+    with transaction.atomic():
+        handover.claim()
+    in_hand, token, attempt = handover.held
+    row = Job.objects.get(id=in_hand.id)
+    # The lease's owner and expiry were set by the attempt's opening, on the database's clock.
+    differing = [
+        field.attname
+        for field in Job._meta.concrete_fields
+        if field.attname not in ("lease_owner", "lease_expires_at")
+        and getattr(in_hand, field.attname) != getattr(row, field.attname)
+    ]
+    assert differing == []
+    assert row.lease_token == token and row.lease_owner == attempt.worker
+    assert in_hand.active_provider.id == provider.id

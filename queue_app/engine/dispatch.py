@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from queue_app.engine import attempts, enqueue, runners, snapshot, transitions
 from queue_app.models import Job, Project, Provider, Status
@@ -117,6 +118,12 @@ def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool =
     """Under the provider's lock: claim the oldest dispatchable jobs into its free slots and
     enqueue them (all but the first with `hold_one`). `skip_locked` passes over pending rows
     another transaction holds. Returns [(job_id, token)]."""
+    return [(job.id, token) for job, token in _claim_rows(provider, hold_one=hold_one, skip_locked=skip_locked)]
+
+
+def _claim_rows(provider: Provider, *, hold_one: bool, skip_locked: bool = False) -> list[tuple]:
+    """_claim_free_slots, returning [(job, token)]: each job as it now stands in the
+    database, but for its lease's expiry (the database's clock)."""
     used = set(Job.objects.filter(active_provider_id=provider.id, status=Status.PROCESSING).values_list("slot", flat=True))
     # After the limit was lowered, running work may sit in slots above it: the
     # count of held slots caps the claims, not only which low numbers are free.
@@ -132,10 +139,15 @@ def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool =
     candidates = list(candidates[:room])
     free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
     claims = [(job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)]
-    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner="")
+    started_at = timezone.now()
+    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner="", started_at=started_at)
     for job_id, token in claimed[1:] if hold_one else claimed:
         enqueue.enqueue_execution(job_id, token)
-    return claimed
+    by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
+    return [
+        (transitions.as_claimed(*by_id[job_id], provider=provider, token=token, started_at=started_at), token)
+        for job_id, token in claimed
+    ]
 
 
 class Handover:
@@ -174,7 +186,7 @@ class Handover:
         try:
             # A savepoint: the slot index refusing a claim must not undo the completion.
             with transaction.atomic():
-                claimed = _claim_free_slots(provider, hold_one=self.carry_on, skip_locked=True)
+                claimed = _claim_rows(provider, hold_one=self.carry_on, skip_locked=True)
                 if claimed and self.carry_on:
                     held = self._open(*claimed[0])
         except IntegrityError:
@@ -182,12 +194,13 @@ class Handover:
             return
         transaction.on_commit(self._committed(held))
 
-    def _open(self, job_id, token):
-        job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
-        attempt = attempts.attempt_begin(job, token) if job is not None else None
+    def _open(self, job, token):
+        # The claim was made a statement ago under the provider lock: the job in hand is
+        # the row as claimed, and is not read again.
+        attempt = attempts.attempt_begin(job, token)
         if attempt is None:
             # Not ours after all (cannot happen under the provider lock): the broker runs it.
-            enqueue.enqueue_execution(job_id, token)
+            enqueue.enqueue_execution(job.id, token)
             return None
         return job, token, attempt
 

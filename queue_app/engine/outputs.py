@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from queue_app.engine import events, failpoints, media, transitions
@@ -242,7 +244,7 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         _check_quota(job, prepared)
         replaced_files = _upsert_items(locked, prepared, placed)
         failpoints.hit("after_album_before_complete")
-        if not transitions.job_complete(job.id, token):
+        if not transitions.job_complete(job.id, token, held=locked):
             raise Fenced(job.id)
         if attempt_id is not None:
             attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
@@ -251,11 +253,23 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         transaction.on_commit(lambda: remove_files(replaced_files))
 
 
+def usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
+    """usage_bytes and storage_limit in one statement (the output writer asks on every
+    completion, inside its transaction)."""
+    items = AlbumItem.objects.filter(owner_id=OuterRef("pk"))
+    if excluding_job is not None:
+        items = items.exclude(job_id=excluding_job)
+    used = items.order_by().values("owner_id").annotate(total=Sum("size")).values("total")
+    limit = AccountSettings.objects.filter(user_id=OuterRef("pk")).order_by("id").values("storage_limit_bytes")[:1]
+    row = get_user_model().objects.filter(pk=user_id).values_list(Coalesce(Subquery(used), 0), Subquery(limit)).first()
+    used_bytes, limit_bytes = row if row is not None else (0, None)
+    return used_bytes, limit_bytes if limit_bytes is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES
+
+
 def _check_quota(job: Job, prepared: list[Prepared]) -> None:
     """With the real sizes: the owner's other items plus these must fit the limit."""
     new_bytes = sum(item.size for item in prepared)
-    used = usage_bytes(job.owner_id, excluding_job=job.id)
-    limit = storage_limit(job.owner_id)
+    used, limit = usage_and_limit(job.owner_id, excluding_job=job.id)
     if used + new_bytes > limit:
         raise QuotaExceeded(
             f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "

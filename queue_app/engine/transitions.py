@@ -99,25 +99,28 @@ def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: s
 CLAIM_CHUNK = 500  # jobs per claiming UPDATE: one CASE arm per job and field
 
 
-def jobs_claim(claims, *, provider_id: int, owner: str) -> list[tuple]:
+def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None) -> list[tuple]:
     """job_claim for many jobs at once: `claims` is [(job, slot, snapshot)]. Each job gets
     its own slot, snapshot and lease token in one UPDATE per chunk, one event write per
     project. Call inside dispatch's transaction. Returns [(job_id, token)] that moved, in
     the order given; a job no longer pending (or locked by a canceller) is left out."""
-    claimed = []
+    claimed, started_at = [], started_at or timezone.now()
     for start in range(0, len(claims), CLAIM_CHUNK):
-        claimed += _jobs_claim_chunk(claims[start : start + CLAIM_CHUNK], provider_id=provider_id, owner=owner)
+        chunk = claims[start : start + CLAIM_CHUNK]
+        claimed += _jobs_claim_chunk(chunk, provider_id=provider_id, owner=owner, started_at=started_at)
     return claimed
 
 
-def _jobs_claim_chunk(claims, *, provider_id: int, owner: str) -> list[tuple]:
+def _jobs_claim_chunk(claims, *, provider_id: int, owner: str, started_at) -> list[tuple]:
     if not claims:
         return []
     by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
     tokens = {job_id: uuid.uuid4() for job_id in by_id}
     with transaction.atomic(savepoint=False):
         moved = _claim_into_slots(
-            [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in by_id.items()], owner=owner
+            [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in by_id.items()],
+            owner=owner,
+            started_at=started_at,
         )
         ids = [job_id for job_id in by_id if job_id in moved]
         events.emit_grouped(
@@ -129,7 +132,17 @@ def _jobs_claim_chunk(claims, *, provider_id: int, owner: str) -> list[tuple]:
     return [(job_id, tokens[job_id]) for job_id in ids]
 
 
-def _claim_into_slots(rows, *, owner: str) -> set:
+def as_claimed(job: Job, slot: int, snap: dict, *, provider, token, started_at) -> Job:
+    """The pending `job` in hand as _claim_into_slots left its row (for a caller that goes
+    on with it in the claim's transaction), but for its lease's expiry, which is the
+    database's clock and nobody in that transaction reads."""
+    job.status, job.active_provider, job.slot, job.lease_token, job.resolved = Status.PROCESSING, provider, slot, token, snap
+    job.lease_owner, job.attempts, job.started_at, job.not_before, job.progress = "", job.attempts + 1, started_at, None, None
+    job.poll_failures, job.next_poll_at, job.poll_claimed_until = 0, None, None
+    return job
+
+
+def _claim_into_slots(rows, *, owner: str, started_at) -> set:
     """The claim's compare-and-set for many jobs in one statement, UPDATE … FROM (VALUES …)
     … RETURNING (PostgreSQL and SQLite alike): each row (id, provider, slot, lease token,
     snapshot) moves only if its job is still pending and due; status, provider and slot
@@ -145,7 +158,7 @@ def _claim_into_slots(rows, *, owner: str) -> set:
     # lease, so a busy broker does not get its claims healed away.
     expiry_sql, expiry_params = _compiled(lease_expiry(settings.CLAIM_TTL_SECONDS))
     now_sql, now_params = _compiled(Now())
-    started_at = Job._meta.get_field("started_at").get_db_prep_value(timezone.now(), connection)
+    started_at = Job._meta.get_field("started_at").get_db_prep_value(started_at, connection)
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
@@ -226,9 +239,14 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt_id=N
     return bool(changed)
 
 
-def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict) -> bool:
+def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict, held=None) -> bool:
+    """`held` is the job's row, locked by the caller in this transaction under `token`
+    (the output writer's): its project and provider are current, so they are not read again."""
     with transaction.atomic(savepoint=False):
-        job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
+        if held is not None:
+            job = {"project_id": held.project_id, "active_provider_id": held.active_provider_id}
+        else:
+            job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
         if not job:
             return False
         changed = Job.objects.fenced(job_id, token).update(status=new_status, **SLOT_RELEASED, **fields)
@@ -245,9 +263,9 @@ def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict
     return True
 
 
-def job_complete(job_id, token) -> bool:
+def job_complete(job_id, token, *, held=None) -> bool:
     """processing → completed; frees the slot. Call inside the output writer's transaction
-    so the album items and the completion commit together."""
+    so the album items and the completion commit together (`held`: its locked row)."""
     return _leave_processing(
         job_id,
         token,
@@ -255,6 +273,7 @@ def job_complete(job_id, token) -> bool:
         kind="job.completed",
         fields=dict(error="", error_class="", finished_at=timezone.now(), progress=1.0, lease_token=None),
         payload={},
+        held=held,
     )
 
 
