@@ -36,8 +36,6 @@ from bench import runner
 
 ROOT = runner.ROOT
 PROMPT = "chaos-job-{n} a lighthouse at dusk, oil on canvas"
-# The run's processes have DEBUG off, which needs a Fernet key of their own.
-FERNET_KEY = "Y2hhb3MtcnVuLWZlcm5ldC1rZXktMzItYnl0ZXMhISE="
 PROMPT_WORDS = "a lighthouse at dusk, oil on canvas"
 HOST = socket.gethostname()
 
@@ -168,23 +166,8 @@ class Chaos:
             redis_url=self.args.redis_url,
             cluster_name=self.args.cluster_name,
             var_dir=self.var,
-            extra=dict(
-                OUTBOUND_ALLOWLIST=f"127.0.0.1:{self.fake.port}",
-                OUTBOUND_ALLOW_HTTP="True",
-                QUEUE_WORKERS=self.args.workers,
-                # Faster cadences than production so a few minutes hold many cycles; each
-                # is stated in the output.
-                DETACHED_POLL_SECONDS=2,
-                JOB_PROCESSING_TIMEOUT_MS=20000,
-                BACKOFF_BASE_SECONDS=0.5,
-                BACKOFF_CAP_SECONDS=4,
-                HEARTBEAT_SECONDS=2,
-                CLAIM_TTL_SECONDS=10,
-                LOG_LEVEL="INFO",
-                DEBUG="False",
-                SECRET_KEY="chaos-run-secret-key-" + "x" * 40,
-                FIELD_ENCRYPTION_KEY=FERNET_KEY,
-                ALLOWED_HOSTS="localhost,127.0.0.1,testserver",
+            extra=runner.chaos_env(
+                fake_port=self.fake.port, workers=self.args.workers, secret="chaos-run", DETACHED_POLL_SECONDS=2
             ),
         )
         self.stack.prepare()

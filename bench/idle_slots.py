@@ -48,7 +48,6 @@ from bench import runner
 
 ROOT = runner.ROOT
 LABEL = "pg+redis"
-FERNET_KEY = "Y2hhb3MtcnVuLWZlcm5ldC1rZXktMzItYnl0ZXMhISE="
 HOST = socket.gethostname()
 PROMPT = "chaos-job-{n} a lighthouse at dusk, oil on canvas"
 RETRY_AFTER = 2.0
@@ -290,22 +289,8 @@ class Run:
             redis_url=self.args.redis_url,
             cluster_name=self.args.cluster_name,
             var_dir=self.var,
-            extra=dict(
-                OUTBOUND_ALLOWLIST=f"127.0.0.1:{self.fake.port}",
-                OUTBOUND_ALLOW_HTTP="True",
-                QUEUE_WORKERS=self.args.workers,
-                # bench/chaos.py's cadences, so a couple of minutes hold many cycles.
-                BACKOFF_BASE_SECONDS=0.5,
-                BACKOFF_CAP_SECONDS=4,
-                HEARTBEAT_SECONDS=2,
-                CLAIM_TTL_SECONDS=10,
-                JOB_PROCESSING_TIMEOUT_MS=20000,
-                LOG_LEVEL="INFO",
-                DEBUG="False",
-                SECRET_KEY="idle-slots-secret-key-" + "x" * 40,
-                FIELD_ENCRYPTION_KEY=FERNET_KEY,
-                ALLOWED_HOSTS="localhost,127.0.0.1,testserver",
-            ),
+            # bench/chaos.py's cadences, so a couple of minutes hold many cycles.
+            extra=runner.chaos_env(fake_port=self.fake.port, workers=self.args.workers, secret="idle-slots"),
         )
         self.stack.prepare()
         import logging

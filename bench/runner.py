@@ -67,6 +67,33 @@ class Stack:
         django.setup()
 
 
+# The chaos runs' processes have DEBUG off, which needs a Fernet key of their own.
+CHAOS_FERNET_KEY = "Y2hhb3MtcnVuLWZlcm5ldC1rZXktMzItYnl0ZXMhISE="
+
+
+def chaos_env(*, fake_port: int, workers: int, secret: str, **overrides) -> dict:
+    """The environment of a stack run against the chaos fake provider on `fake_port`:
+    cadences faster than production so a few minutes hold many cycles (each is stated
+    in the run's output), production's DEBUG off, and `overrides` on top."""
+    env = dict(
+        OUTBOUND_ALLOWLIST=f"127.0.0.1:{fake_port}",
+        OUTBOUND_ALLOW_HTTP="True",
+        QUEUE_WORKERS=workers,
+        JOB_PROCESSING_TIMEOUT_MS=20000,
+        BACKOFF_BASE_SECONDS=0.5,
+        BACKOFF_CAP_SECONDS=4,
+        HEARTBEAT_SECONDS=2,
+        CLAIM_TTL_SECONDS=10,
+        LOG_LEVEL="INFO",
+        DEBUG="False",
+        SECRET_KEY=f"{secret}-secret-key-" + "x" * 40,
+        FIELD_ENCRYPTION_KEY=CHAOS_FERNET_KEY,
+        ALLOWED_HOSTS="localhost,127.0.0.1,testserver",
+    )
+    env.update(overrides)
+    return env
+
+
 def with_database(url: str, name: str) -> str:
     """The same server, another database (PostgreSQL), or another file (SQLite)."""
     parts = urlsplit(url)
