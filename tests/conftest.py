@@ -79,6 +79,16 @@ def _no_lingering_connections(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
+def _no_timed_wake_outlives_its_test():
+    # A worker's 429 sets a timed wake for its cool-down's end (dispatch.wake_later): one
+    # left over would dispatch into the next test's database.
+    yield
+    from queue_app.engine import dispatch
+
+    dispatch.cancel_timed_wakes()
+
+
+@pytest.fixture(autouse=True)
 def _isolated_files(tmp_path, settings):
     settings.MEDIA_ROOT = tmp_path / "media"
     settings.DEMO_LEDGER_DIR = tmp_path / "ledger"

@@ -102,3 +102,28 @@ def test_a_lowered_limit_refills_the_moment_it_drains(owner, inline_tasks):
     assert status_of(waiting) == Status.PENDING  # the other job still holds the one slot
     assert transitions.job_complete(second.id, second.lease_token)
     assert status_of(waiting) == Status.PROCESSING  # drained: refilled at once, no sweep
+
+
+def test_a_workers_429_wakes_dispatch_at_the_cool_downs_end_without_the_queue_service(owner, inline_tasks):
+    # The queue service may be down (restarting) when the window closes: the worker that
+    # wrote the cool-down has its own timed wake.
+    provider = make_provider(owner, fail_rate=1, fail_kind="rate_limit", retry_after=1)
+    [job] = queued(owner, provider)
+    Provider.objects.filter(id=provider.id).update(paused=False)
+    from queue_app.engine import dispatch
+
+    [(job_id, token)] = dispatch.dispatch(provider.id)
+    inline_tasks.queue.clear()
+    from queue_app.worker import execute
+
+    execute.run(job_id, token)  # answered 429, Retry-After 1 s
+    assert status_of(job) == Status.PENDING
+    until = Provider.objects.values_list("cooldown_until", flat=True).get(id=provider.id)
+    assert until is not None
+    deadline = time.monotonic() + 3
+    while status_of(job) == Status.PENDING and time.monotonic() < deadline:
+        time.sleep(0.02)
+    claimed_at = timezone.now()
+    assert status_of(job) == Status.PROCESSING
+    assert until <= claimed_at <= until + timedelta(milliseconds=500)
+    assert len(inline_tasks.executions()) == 1

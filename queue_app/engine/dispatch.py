@@ -20,9 +20,10 @@ and it skips pending rows that are held rather than wait for them.
 import itertools
 import logging
 import threading
+import time
 from contextlib import contextmanager
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -241,6 +242,52 @@ def wake(*, provider_ids=(), project_ids=()) -> None:
             dispatch(provider_id)
         except Exception:
             log.warning("dispatch of provider %s failed; the safety net will retry", provider_id, exc_info=True)
+
+
+# A timer wake fires a little after the cool-down's end: the database's clock decides
+# whether it has passed, and a wake that finds it not over yet claims nothing.
+WAKE_LATER_MARGIN_SECONDS = 0.05
+_timers: dict[int, tuple[float, threading.Timer]] = {}  # provider id → this process's latest timed wake
+_timers_lock = threading.Lock()
+
+
+def wake_later(provider_id: int, seconds: float) -> None:
+    """Dispatch for this provider once `seconds` have passed (the end of a cool-down this
+    process just wrote), from a timer thread of this process. The queue service's wake
+    schedule does the same; this one also fires while the queue service is restarting,
+    whose start-up left a cooled provider's slots idle for 1.3-2.6 s in bench.idle_slots.
+    A process that dies first loses its timer: the service's schedule is the net."""
+    fire_at = time.monotonic() + seconds + WAKE_LATER_MARGIN_SECONDS
+    with _timers_lock:
+        if provider_id in _timers and _timers[provider_id][0] >= fire_at:
+            return  # a later (longer) cool-down's wake is already set
+        timer = threading.Timer(seconds + WAKE_LATER_MARGIN_SECONDS, _wake_on_timer, args=(provider_id, fire_at))
+        timer.daemon = True
+        _timers[provider_id] = (fire_at, timer)
+    timer.start()
+
+
+def cancel_timed_wakes() -> int:
+    """Cancel this process's timed wakes that have not fired (tests: a wake must not fire
+    into the next test's database). Returns how many."""
+    with _timers_lock:
+        pending = [timer for _, timer in _timers.values()]
+        _timers.clear()
+    for timer in pending:
+        timer.cancel()
+    return len(pending)
+
+
+def _wake_on_timer(provider_id: int, fire_at: float) -> None:
+    try:
+        with _timers_lock:
+            if provider_id in _timers and _timers[provider_id][0] == fire_at:
+                del _timers[provider_id]
+        wake(provider_ids={provider_id})
+    except Exception:
+        log.warning("timed wake of provider %s failed; the queue service's schedule is the net", provider_id, exc_info=True)
+    finally:
+        connections.close_all()  # this thread's own connections
 
 
 def providers_with_work() -> list[int]:

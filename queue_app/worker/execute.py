@@ -205,6 +205,7 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         cool_down(provider.id, error.delay)
         attempt_finish(attempt.id, Outcome.RATE_LIMITED, reason)
         transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
+        dispatch.wake_later(provider.id, error.delay)
         return None  # the provider is cooling down: nothing to refill now
     if isinstance(error, AmbiguousError) and ambiguous.holds(provider.options, job.project.kind):
         # The provider may have accepted (and billed) it; this record chose a visible
