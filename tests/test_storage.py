@@ -90,3 +90,21 @@ def test_the_project_list_shows_storage(signed_in, owner, project):
     set_limit(owner, 1000 * MB)
     used(project, 250 * MB)
     assert "Storage: 250 MB used of 1000 MB (25%)" in text_of(signed_in.get("/projects/"))
+
+
+def test_the_output_writers_one_statement_reads_what_the_pages_read(owner, outsider, project):
+    from queue_app.engine import outputs
+
+    # No settings row yet: the default limit.
+    AccountSettings.objects.filter(user=owner).delete()
+    assert outputs.usage_and_limit(owner.id) == (0, settings.DEFAULT_STORAGE_LIMIT_BYTES)
+    AccountSettings.objects.create(user=owner, storage_limit_bytes=300 * MB)
+    [job] = make_drafts(project, 1)
+    AlbumItem.objects.create(project=project, owner=owner, job=job, kind="image", size=7 * MB)
+    used(project, 30 * MB)  # an item without a job (its job was cleared) still counts
+    AlbumItem.objects.create(project=project, owner=outsider, kind="image", size=99 * MB)
+    for excluding in (None, job.id):
+        expected = (outputs.usage_bytes(owner.id, excluding_job=excluding), outputs.storage_limit(owner.id))
+        assert outputs.usage_and_limit(owner.id, excluding_job=excluding) == expected
+    assert outputs.usage_and_limit(owner.id, excluding_job=job.id) == (30 * MB, 300 * MB)
+    assert outputs.usage_and_limit(owner.id) == (37 * MB, 300 * MB)

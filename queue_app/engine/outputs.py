@@ -26,10 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import transaction
-from django.db.models import OuterRef, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db import connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from queue_app.engine import events, failpoints, media, transitions
@@ -254,16 +252,20 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
 
 
 def usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
-    """usage_bytes and storage_limit in one statement (the output writer asks on every
-    completion, inside its transaction)."""
-    items = AlbumItem.objects.filter(owner_id=OuterRef("pk"))
+    """usage_bytes and storage_limit in one statement: the output writer asks on every
+    completion, inside its transaction. Written out, because Django took 2-3 ms to build
+    this statement (or the two) for a database that answers in a fraction of that."""
+    items, settings_table = AlbumItem._meta.db_table, AccountSettings._meta.db_table
+    sql = f"SELECT (SELECT SUM(size) FROM {items} WHERE owner_id = %s"
+    params = [user_id]
     if excluding_job is not None:
-        items = items.exclude(job_id=excluding_job)
-    used = items.order_by().values("owner_id").annotate(total=Sum("size")).values("total")
-    limit = AccountSettings.objects.filter(user_id=OuterRef("pk")).order_by("id").values("storage_limit_bytes")[:1]
-    row = get_user_model().objects.filter(pk=user_id).values_list(Coalesce(Subquery(used), 0), Subquery(limit)).first()
-    used_bytes, limit_bytes = row if row is not None else (0, None)
-    return used_bytes, limit_bytes if limit_bytes is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES
+        sql += " AND (job_id IS NULL OR job_id <> %s)"
+        params.append(AlbumItem._meta.get_field("job").target_field.get_db_prep_value(excluding_job, connection))
+    sql += f"), (SELECT storage_limit_bytes FROM {settings_table} WHERE user_id = %s ORDER BY id LIMIT 1)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, user_id])
+        used, limit = cursor.fetchone()
+    return int(used or 0), limit if limit is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES
 
 
 def _check_quota(job: Job, prepared: list[Prepared]) -> None:
