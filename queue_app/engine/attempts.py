@@ -15,10 +15,9 @@ the highest number of the runs before it.
 """
 
 from django.db import transaction
-from django.db.models import Max
 from django.utils import timezone
 
-from queue_app.engine import heartbeats
+from queue_app.engine import heartbeats, hot_sql
 from queue_app.engine.leases import lease_take
 from queue_app.models import Job, JobAttempt
 
@@ -28,10 +27,7 @@ Outcome = JobAttempt.Outcome
 def attempt_number(job: Job) -> int:
     """Attempts are numbered across the job's life: a retry (which starts `job.attempts`
     again at 0) continues after the highest number of the attempts before it."""
-    before = JobAttempt.objects.filter(job_id=job.id)
-    if job.queued_at:
-        before = before.filter(started_at__lt=job.queued_at)
-    earlier = before.aggregate(top=Max("number"))["top"] or 0
+    earlier = hot_sql.highest_attempt_number(job.id, started_before=job.queued_at or None)
     return earlier + max(job.attempts, 1)
 
 

@@ -28,8 +28,8 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import attempts, enqueue, runners, snapshot, transitions
-from queue_app.models import Job, Project, Provider, Status
+from queue_app.engine import attempts, enqueue, hot_sql, runners, snapshot, transitions
+from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def dispatchable_jobs(provider_id: int):
     # The provider's projects as a list of ids, not a join: PostgreSQL then reads only this
     # provider's and these projects' pending jobs from their indexes (a BitmapOr) instead
     # of joining every pending job to its project (83 ms a dispatch at 110,000 pending).
-    projects = list(Project.objects.filter(provider_id=provider_id).values_list("id", flat=True))
+    projects = hot_sql.project_ids(provider_id)
     return (
         Job.objects.filter(status=Status.PENDING)
         .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project_id__in=projects))
@@ -125,7 +125,7 @@ def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool =
 def _claim_rows(provider: Provider, *, hold_one: bool, skip_locked: bool = False) -> list[tuple]:
     """_claim_free_slots, returning [(job, token)]: each job as it now stands in the
     database, but for its lease's expiry (the database's clock)."""
-    used = set(Job.objects.filter(active_provider_id=provider.id, status=Status.PROCESSING).values_list("slot", flat=True))
+    used = hot_sql.slots_in_use(provider.id)
     # After the limit was lowered, running work may sit in slots above it: the
     # count of held slots caps the claims, not only which low numbers are free.
     room = provider.concurrency - len(used)
