@@ -93,11 +93,14 @@ def test_the_project_list_shows_storage(signed_in, owner, project):
 
 
 def test_the_output_writers_one_statement_reads_what_the_pages_read(owner, outsider, project):
-    from queue_app.engine import outputs
+    from queue_app.engine import hot_sql, outputs
+
+    def usage_and_limit(excluding_job=None):
+        return hot_sql.album_usage_and_limit(owner.id, excluding_job=excluding_job)
 
     # No settings row yet: the default limit.
     AccountSettings.objects.filter(user=owner).delete()
-    assert outputs.usage_and_limit(owner.id) == (0, settings.DEFAULT_STORAGE_LIMIT_BYTES)
+    assert usage_and_limit() == (0, settings.DEFAULT_STORAGE_LIMIT_BYTES)
     AccountSettings.objects.create(user=owner, storage_limit_bytes=300 * MB)
     [job] = make_drafts(project, 1)
     AlbumItem.objects.create(project=project, owner=owner, job=job, kind="image", size=7 * MB)
@@ -105,6 +108,6 @@ def test_the_output_writers_one_statement_reads_what_the_pages_read(owner, outsi
     AlbumItem.objects.create(project=project, owner=outsider, kind="image", size=99 * MB)
     for excluding in (None, job.id):
         expected = (outputs.usage_bytes(owner.id, excluding_job=excluding), outputs.storage_limit(owner.id))
-        assert outputs.usage_and_limit(owner.id, excluding_job=excluding) == expected
-    assert outputs.usage_and_limit(owner.id, excluding_job=job.id) == (30 * MB, 300 * MB)
-    assert outputs.usage_and_limit(owner.id) == (37 * MB, 300 * MB)
+        assert usage_and_limit(excluding) == expected
+    assert usage_and_limit(job.id) == (30 * MB, 300 * MB)
+    assert usage_and_limit() == (37 * MB, 300 * MB)

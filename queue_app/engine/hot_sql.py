@@ -8,9 +8,10 @@ statement measured on the hot path (bench/throughput.py, slot turnover) earns a 
 Plain parameters only, so one text serves PostgreSQL and SQLite.
 """
 
+from django.conf import settings
 from django.db import connection
 
-from queue_app.models import Job, JobAttempt, Project, Status
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Status
 
 
 def _rows(sql: str, params: list) -> list[tuple]:
@@ -45,3 +46,17 @@ def highest_attempt_number(job_id, *, started_before=None) -> int:
         params.append(_param(JobAttempt, "started_at", started_before))
     [(top,)] = _rows(sql, params)
     return top or 0
+
+
+def album_usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
+    """outputs.usage_bytes and outputs.storage_limit in one statement: the bytes of the
+    user's album items (but the job `excluding_job`'s) and their storage limit. The output
+    writer asks on every completion, inside its transaction."""
+    sql = f"SELECT (SELECT SUM(size) FROM {AlbumItem._meta.db_table} WHERE owner_id = %s"
+    params = [user_id]
+    if excluding_job is not None:
+        sql += " AND (job_id IS NULL OR job_id <> %s)"
+        params.append(_param(Job, "id", excluding_job))
+    sql += f"), (SELECT storage_limit_bytes FROM {AccountSettings._meta.db_table} WHERE user_id = %s ORDER BY id LIMIT 1)"
+    [(used, limit)] = _rows(sql, [*params, user_id])
+    return int(used or 0), limit if limit is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from queue_app.engine import events, failpoints, media, transitions
+from queue_app.engine import events, failpoints, hot_sql, media, transitions
 from queue_app.engine.attempts import attempt_finish
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt
 from queue_app.providers import net
@@ -251,27 +251,10 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         transaction.on_commit(lambda: remove_files(replaced_files))
 
 
-def usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
-    """usage_bytes and storage_limit in one statement: the output writer asks on every
-    completion, inside its transaction. Written out, because Django took 2-3 ms to build
-    this statement (or the two) for a database that answers in a fraction of that."""
-    items, settings_table = AlbumItem._meta.db_table, AccountSettings._meta.db_table
-    sql = f"SELECT (SELECT SUM(size) FROM {items} WHERE owner_id = %s"
-    params = [user_id]
-    if excluding_job is not None:
-        sql += " AND (job_id IS NULL OR job_id <> %s)"
-        params.append(AlbumItem._meta.get_field("job").target_field.get_db_prep_value(excluding_job, connection))
-    sql += f"), (SELECT storage_limit_bytes FROM {settings_table} WHERE user_id = %s ORDER BY id LIMIT 1)"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, user_id])
-        used, limit = cursor.fetchone()
-    return int(used or 0), limit if limit is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES
-
-
 def _check_quota(job: Job, prepared: list[Prepared]) -> None:
     """With the real sizes: the owner's other items plus these must fit the limit."""
     new_bytes = sum(item.size for item in prepared)
-    used, limit = usage_and_limit(job.owner_id, excluding_job=job.id)
+    used, limit = hot_sql.album_usage_and_limit(job.owner_id, excluding_job=job.id)
     if used + new_bytes > limit:
         raise QuotaExceeded(
             f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "
