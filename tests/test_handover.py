@@ -19,13 +19,19 @@ from tests.conftest import is_postgres, make_drafts, make_project, make_provider
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def started(owner, provider, n):
-    """n jobs started on a paused provider, then the first claimed for a worker to run."""
+def pending(owner, provider, n):
+    """n jobs started while the provider was paused: pending, nothing claimed yet."""
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     jobs = make_drafts(project, n)
     services.jobs_start(user=owner, project=project, all_drafts=True)
     Provider.objects.filter(id=provider.id).update(paused=False)
+    return jobs
+
+
+def started(owner, provider, n):
+    """n jobs started on a paused provider, then the first claimed for a worker to run."""
+    jobs = pending(owner, provider, n)
     with dispatch.refilled_by_caller(provider.id):
         [first] = dispatch.dispatch(provider.id, hold_one=True)
     return jobs, first
@@ -55,6 +61,14 @@ class CallLog:
         return [query["sql"] for query in self.queries.captured_queries[end:start]]
 
 
+def run_logged(monkeypatch, first, before_call=None) -> CallLog:
+    """The worker runs `first` and carries on, every statement captured."""
+    with CaptureQueriesContext(connection) as queries:
+        log = CallLog(monkeypatch, queries, before_call=before_call)
+        execute.run(*first)
+    return log
+
+
 def commits(statements) -> int:
     return sum(1 for sql in statements if sql.strip().upper() == "COMMIT")
 
@@ -62,9 +76,7 @@ def commits(statements) -> int:
 def test_a_completion_and_the_next_claim_commit_together(owner, inline_tasks, monkeypatch):
     provider = make_provider(owner, concurrency=1)
     jobs, first = started(owner, provider, 3)
-    with CaptureQueriesContext(connection) as queries:
-        log = CallLog(monkeypatch, queries)
-        execute.run(*first)
+    log = run_logged(monkeypatch, first)
     assert [status_of(job) for job in jobs] == [Status.COMPLETED] * 3
     # From one call's end to the next call's start: one commit, which stored the album
     # item, completed the job, claimed the next job and opened its attempt.
@@ -87,9 +99,7 @@ def test_the_handed_job_runs_under_this_workers_lease_with_its_attempt_open(owne
             running = JobAttempt.objects.filter(job_id=job.id, outcome=JobAttempt.Outcome.RUNNING).count()
             seen.append((status_of(jobs[0]), job.status, job.lease_owner == heartbeats.process_name(), running))
 
-    with CaptureQueriesContext(connection) as queries:
-        CallLog(monkeypatch, queries, before_call=before_call)
-        execute.run(*first)
+    run_logged(monkeypatch, first, before_call=before_call)
     assert seen == [(Status.COMPLETED, Status.PROCESSING, True, 1)]
 
 
@@ -101,9 +111,7 @@ def test_a_paused_provider_gets_no_handover_and_its_resume_dispatches(owner, inl
         if n == 0:
             Provider.objects.filter(id=provider.id).update(paused=True)
 
-    with CaptureQueriesContext(connection) as queries:
-        CallLog(monkeypatch, queries, before_call=pause_before_first_call)
-        execute.run(*first)
+    run_logged(monkeypatch, first, before_call=pause_before_first_call)
     assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.PENDING]
     services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
     assert status_of(jobs[1]) == Status.PROCESSING
@@ -181,9 +189,7 @@ def test_between_two_calls_the_job_table_is_read_three_times_and_the_quota_once(
     # read back (it is in hand).
     provider = make_provider(owner, concurrency=1)
     jobs, first = started(owner, provider, 3)
-    with CaptureQueriesContext(connection) as queries:
-        log = CallLog(monkeypatch, queries)
-        execute.run(*first)
+    log = run_logged(monkeypatch, first)
     between = log.between_calls(0)
     assert reads_of(between, "queue_app_job") == 3
     # The owner's album usage and storage limit: one statement.
@@ -194,11 +200,7 @@ def test_between_two_calls_the_job_table_is_read_three_times_and_the_quota_once(
 
 def test_the_claimed_job_in_hand_is_its_row(owner, inline_tasks):
     provider = make_provider(owner, concurrency=1)
-    Provider.objects.filter(id=provider.id).update(paused=True)
-    project = make_project(owner, provider)
-    make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
-    Provider.objects.filter(id=provider.id).update(paused=False)
+    pending(owner, provider, 2)
     handover = dispatch.Handover(provider.id)
     with transaction.atomic():
         handover.claim()

@@ -9,9 +9,10 @@ import pytest
 from django.utils import timezone
 
 from queue_app import services
-from queue_app.engine import transitions
+from queue_app.engine import dispatch, transitions
 from queue_app.models import Job, Provider, Status
 from queue_app.service.loop import QueueService
+from queue_app.worker import execute
 from tests.conftest import make_drafts, make_project, make_provider, status_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,12 +111,8 @@ def test_a_workers_429_wakes_dispatch_at_the_cool_downs_end_without_the_queue_se
     provider = make_provider(owner, fail_rate=1, fail_kind="rate_limit", retry_after=1)
     [job] = queued(owner, provider)
     Provider.objects.filter(id=provider.id).update(paused=False)
-    from queue_app.engine import dispatch
-
     [(job_id, token)] = dispatch.dispatch(provider.id)
     inline_tasks.queue.clear()
-    from queue_app.worker import execute
-
     execute.run(job_id, token)  # answered 429, Retry-After 1 s
     assert status_of(job) == Status.PENDING
     until = Provider.objects.values_list("cooldown_until", flat=True).get(id=provider.id)
