@@ -7,7 +7,7 @@ import re
 import threading
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from queue_app import providers, services
@@ -124,11 +124,11 @@ def test_a_refused_handover_claim_keeps_the_completion_and_refills_through_dispa
     real = dispatch._claim_rows
     refused = []
 
-    def refuse_in_handover(provider_row, *, hold_one, skip_locked=False):
+    def refuse_in_handover(provider_row, **claim):
         if not refused:
             refused.append(provider_row.id)
             raise IntegrityError("slot taken")
-        return real(provider_row, hold_one=hold_one, skip_locked=skip_locked)
+        return real(provider_row, **claim)
 
     monkeypatch.setattr(dispatch, "_claim_rows", refuse_in_handover)
     execute.run(*first)
@@ -198,21 +198,116 @@ def test_between_two_calls_the_job_table_is_read_three_times_and_the_quota_once(
     assert [status_of(job) for job in jobs] == [Status.COMPLETED] * 3
 
 
-def test_the_claimed_job_in_hand_is_its_row(owner, inline_tasks):
+@pytest.mark.parametrize("vacated_slot", [0, None], ids=["own slot, lease taken by the claim", "any free slot"])
+def test_the_claimed_job_in_hand_is_its_row(owner, inline_tasks, vacated_slot):
     provider = make_provider(owner, concurrency=1)
     pending(owner, provider, 2)
     handover = dispatch.Handover(provider.id)
     with transaction.atomic():
-        handover.claim()
+        handover.claim(vacated_slot)
     in_hand, token, attempt = handover.held
     row = Job.objects.get(id=in_hand.id)
-    # The lease's owner and expiry were set by the attempt's opening, on the database's clock.
+    # The lease's expiry is the database's clock; without a vacated slot the lease's owner
+    # is set by the attempt's opening after the claim.
+    unread = ("lease_expires_at",) if vacated_slot is not None else ("lease_owner", "lease_expires_at")
     differing = [
         field.attname
         for field in Job._meta.concrete_fields
-        if field.attname not in ("lease_owner", "lease_expires_at")
-        and getattr(in_hand, field.attname) != getattr(row, field.attname)
+        if field.attname not in unread and getattr(in_hand, field.attname) != getattr(row, field.attname)
     ]
     assert differing == []
     assert row.lease_token == token and row.lease_owner == attempt.worker
     assert in_hand.active_provider.id == provider.id
+
+
+def test_the_handover_takes_the_next_jobs_lease_in_its_claim(owner, inline_tasks, monkeypatch):
+    # One UPDATE claims the next job under this worker's lease: no second one to take it.
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 3)
+    log = run_logged(monkeypatch, first)
+    updates = [sql for sql in log.between_calls(0) if re.match(r'\s*UPDATE "?queue_app_job"?\s', sql)]
+    # the completion and the claim
+    assert len(updates) == 2, updates
+    second = Job.objects.get(id=jobs[1].id)
+    assert second.status == Status.COMPLETED
+    assert JobAttempt.objects.get(job_id=second.id).worker == heartbeats.process_name()
+
+
+def test_a_limit_raised_meanwhile_is_filled_after_the_handovers_commit(owner, inline_tasks):
+    # The handover refills only the slot its job left; a dispatch fills the slot freed besides.
+    provider = make_provider(owner, concurrency=1)
+    jobs, first = started(owner, provider, 4)
+    Provider.objects.filter(id=provider.id).update(concurrency=2)
+    handover = dispatch.Handover(provider.id, carry_on=True)
+    with transaction.atomic():
+        Job.objects.filter(id=first[0]).update(status=Status.COMPLETED, active_provider=None, slot=None, lease_token=None)
+        handover.claim(vacated_slot=0)
+    assert handover.more_room and handover.held is not None
+    execute_after = dispatch.dispatch(provider.id)
+    assert len(execute_after) == 1
+    slots = set(Job.objects.filter(status=Status.PROCESSING).values_list("slot", flat=True))
+    assert slots == {0, 1}
+
+
+def test_a_handover_refills_no_slot_above_a_lowered_limit(owner, inline_tasks):
+    provider = make_provider(owner, concurrency=2)
+    pending(owner, provider, 3)
+    claimed = dispatch.dispatch(provider.id)
+    assert len(claimed) == 2
+    in_slot_1 = Job.objects.get(status=Status.PROCESSING, slot=1)
+    Provider.objects.filter(id=provider.id).update(concurrency=1)
+    handover = dispatch.Handover(provider.id)
+    with transaction.atomic():
+        Job.objects.filter(id=in_slot_1.id).update(status=Status.COMPLETED, active_provider=None, slot=None, lease_token=None)
+        handover.claim(vacated_slot=1)
+    assert handover.held is None
+    # slot 0 is still held: nothing more may run
+    assert dispatch.dispatch(provider.id) == []
+    assert Job.objects.filter(status=Status.PROCESSING).count() == 1
+
+
+@pytest.mark.skipif(not is_postgres(), reason="row locks need PostgreSQL (SQLite writes one at a time)")
+def test_handovers_of_one_provider_do_not_wait_for_each_other(owner, inline_tasks):
+    # Each refills the slot its own job leaves, so they share the provider lock (they meet
+    # only on the project's event counter, at their commit's end); a claim of any free
+    # slot (dispatch) still takes the lock alone and waits for them.
+    provider = make_provider(owner, concurrency=2)
+    pending(owner, provider, 4)
+    running = {job.slot: job for job in Job.objects.filter(id__in=[j for j, _ in dispatch.dispatch(provider.id)])}
+    assert set(running) == {0, 1}
+    locked, release, errors = threading.Event(), threading.Event(), []
+
+    def another_handover_holding_the_lock():
+        try:
+            with transaction.atomic():
+                assert dispatch._lock_provider(provider.id, shared=True) is not None
+                locked.set()
+                release.wait(20)
+        except Exception as error:  # reported below
+            errors.append(error)
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=another_handover_holding_the_lock)
+    thread.start()
+    try:
+        assert locked.wait(20), errors
+        handover = dispatch.Handover(provider.id)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            Job.objects.filter(id=running[1].id).update(
+                status=Status.COMPLETED, active_provider=None, slot=None, lease_token=None
+            )
+            handover.claim(vacated_slot=1)  # an exclusive lock here would time out
+        assert handover.held is not None and handover.held[0].slot == 1
+        with pytest.raises(OperationalError, match="lock timeout"):
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '300ms'")
+                dispatch._lock_provider(provider.id)
+    finally:
+        release.set()
+        thread.join(20)
+    assert errors == []
+    assert set(Job.objects.filter(status=Status.PROCESSING).values_list("slot", flat=True)) == {0, 1}

@@ -1,7 +1,7 @@
 """The attempt log: one row per try at a job, and the only module that writes it.
 
 - `attempt_begin`: a worker, collector or runner takes the job's lease and opens its
-  attempt in one transaction;
+  attempt in one transaction (`attempt_open` alone: a handover's claim took the lease);
 - `attempt_finish`: how it ended, exactly once: the update matches only a row still
   "running", so a late writer (a stale worker, a heal that got there first) changes nothing;
 - `attempt_record`: an attempt that opens and ends in one step, for what a checker found
@@ -40,13 +40,19 @@ def attempt_begin(job: Job, token) -> JobAttempt | None:
     with transaction.atomic(savepoint=False):
         if not lease_take(job.id, token, owner=worker):
             return None
-        attempt = JobAttempt(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
-        if job.active_provider_id:
-            # What the history names it by, from the row in hand (a slot's job: its
-            # provider is the one whose slot it holds); otherwise save() looks it up.
-            attempt.provider_id, attempt.owner_id, attempt.queued_at = job.active_provider_id, job.owner_id, job.queued_at
-        attempt.save(force_insert=True)
-        return attempt
+        return attempt_open(job, worker)
+
+
+def attempt_open(job: Job, worker: str) -> JobAttempt:
+    """Open the attempt of a job whose lease `worker` holds (attempt_begin, or a handover,
+    whose claim took the lease in this transaction)."""
+    attempt = JobAttempt(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
+    if job.active_provider_id:
+        # What the history names it by, from the row in hand (a slot's job: its
+        # provider is the one whose slot it holds); otherwise save() looks it up.
+        attempt.provider_id, attempt.owner_id, attempt.queued_at = job.active_provider_id, job.owner_id, job.queued_at
+    attempt.save(force_insert=True)
+    return attempt
 
 
 def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str = "") -> bool:

@@ -28,7 +28,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import attempts, enqueue, hot_sql, runners, snapshot, transitions
+from queue_app.engine import attempts, enqueue, heartbeats, hot_sql, runners, snapshot, transitions
 from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
@@ -104,15 +104,11 @@ def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
     return claimed
 
 
-def _lock_provider(provider_id: int) -> Provider | None:
+def _lock_provider(provider_id: int, *, shared: bool = False) -> Provider | None:
     """The provider row, locked for claims until commit — None when it is paused or cooling
-    down (nothing is claimed for it then, and nothing locked)."""
-    return (
-        Provider.objects.select_for_update(no_key=True)
-        .filter(pk=provider_id, paused=False)
-        .filter(Q(cooldown_until__isnull=True) | Q(cooldown_until__lte=Now()))
-        .first()
-    )
+    down (nothing is claimed for it then, and nothing locked). `shared`: a handover's lock
+    (hot_sql.lock_provider)."""
+    return hot_sql.lock_provider(provider_id, shared=shared)
 
 
 def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool = False) -> list[tuple]:
@@ -122,15 +118,28 @@ def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool =
     return [(job.id, token) for job, token in _claim_rows(provider, hold_one=hold_one, skip_locked=skip_locked)]
 
 
-def _claim_rows(provider: Provider, *, hold_one: bool, skip_locked: bool = False) -> list[tuple]:
+def _claim_rows(
+    provider: Provider,
+    *,
+    hold_one: bool,
+    skip_locked: bool = False,
+    into_slot: int | None = None,
+    lease_owner: str = "",
+    used: set[int] | None = None,
+) -> list[tuple]:
     """_claim_free_slots, returning [(job, token)]: each job as it now stands in the
-    database, but for its lease's expiry (the database's clock)."""
-    used = hot_sql.slots_in_use(provider.id)
+    database, but for its lease's expiry (the database's clock). `into_slot`: claim at
+    most one job, into that slot (a handover's: the slot its own job left), under
+    `lease_owner`'s lease. `used`: the slots in use, when the caller has just read them."""
+    if used is None:
+        used = hot_sql.slots_in_use(provider.id)
     # After the limit was lowered, running work may sit in slots above it: the
     # count of held slots caps the claims, not only which low numbers are free.
     room = provider.concurrency - len(used)
     if room <= 0:
         return []
+    if into_slot is not None:
+        room = 1
     # Real rows first, then as many free slot numbers as there are candidates: the
     # cost under the lock follows the jobs, never the configured number (a
     # concurrency of millions must not build a list of millions here).
@@ -138,15 +147,20 @@ def _claim_rows(provider: Provider, *, hold_one: bool, skip_locked: bool = False
     if skip_locked:
         candidates = candidates.select_for_update(of=("self",), skip_locked=True)
     candidates = list(candidates[:room])
-    free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
+    if into_slot is not None:
+        free = [into_slot]
+    else:
+        free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
     claims = [(job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)]
     started_at = timezone.now()
-    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner="", started_at=started_at)
+    # A handover's one job is claimed under its worker's lease: no lease_take after.
+    owner = lease_owner if into_slot is not None else ""
+    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner=owner, started_at=started_at)
     for job_id, token in claimed[1:] if hold_one else claimed:
         enqueue.enqueue_execution(job_id, token)
     by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
     return [
-        (transitions.as_claimed(*by_id[job_id], provider=provider, token=token, started_at=started_at), token)
+        (transitions.as_claimed(*by_id[job_id], provider=provider, token=token, started_at=started_at, owner=owner), token)
         for job_id, token in claimed
     ]
 
@@ -158,46 +172,72 @@ class Handover:
     claim and the attempt commit together (one commit where there were three), and the
     worker runs the next job without reading it again.
 
-    `claim()` runs in the writer's transaction once the job has left its slot. It takes the
-    provider lock only then, so completions of one provider serialise on the claim, not on
-    the whole album write. Holding its own job's row first is safe: whoever holds a
-    provider lock (dispatch, another handover) touches pending rows only, never a processing
-    one. The candidates are taken with SKIP LOCKED: a pending row another transaction holds
-    (a cancel, a project delete that may be waiting for this worker's row) is left to the
-    next dispatch instead of waited for. Only after commit does `held` name the next job,
-    as (job, token, attempt); `done` says the claim committed (nobody needs to dispatch this
-    provider again for the freed slot). With `carry_on` False every claim goes to the
-    broker and nothing is held."""
+    `claim(vacated_slot)` runs in the writer's transaction once the job has left its slot.
+    It takes the provider lock only then, and shared (FOR SHARE): the handovers of one
+    provider's workers run side by side, each refilling only the slot its own job left,
+    which no other claim can take (it stays held until this commit), while a dispatch, a
+    cool-down or an edit of the provider waits for them, as they wait for it. A slot free
+    besides (a limit raised, a job that failed) is left to a dispatch after commit
+    (`more_room`), which takes the lock alone. Holding its own job's row first is safe:
+    whoever holds a provider lock (dispatch, another handover) touches pending rows only,
+    never a processing one. The candidate is taken with SKIP LOCKED: a pending row another
+    transaction holds (another handover's, a cancel, a project delete that may be waiting
+    for this worker's row) is left to the next claim instead of waited for. Only after
+    commit does `held` name the next job, as (job, token, attempt); `done` says the claim
+    committed (nobody needs to dispatch this provider again for the freed slot). With
+    `carry_on` False the claim goes to the broker and nothing is held."""
 
     def __init__(self, provider_id: int, *, carry_on: bool = True):
         self.provider_id = provider_id
         self.carry_on = carry_on
         self.held = None
         self.done = False
+        self.more_room = False
 
-    def claim(self) -> None:
-        self.held, self.done = None, False
-        provider = _lock_provider(self.provider_id)
+    def claim(self, vacated_slot: int | None) -> None:
+        self.held, self.done, self.more_room = None, False, False
+        provider = _lock_provider(self.provider_id, shared=vacated_slot is not None)
         if provider is None:
             # Paused or cooling down: its resume or the end of its cool-down wakes
             # dispatch, as for any provider.
-            transaction.on_commit(self._committed(None))
+            transaction.on_commit(self._committed(None, more_room=False))
             return
-        held = None
+        held, more_room = None, False
+        worker = heartbeats.process_name() if self.carry_on else ""
+        if vacated_slot is not None and vacated_slot >= provider.concurrency:
+            # The limit was lowered below this slot: whatever room there is, a dispatch
+            # after commit fills it from the lowest free numbers.
+            transaction.on_commit(self._committed(None, more_room=True))
+            return
         try:
             # A savepoint: the slot index refusing a claim must not undo the completion.
             with transaction.atomic():
-                claimed = _claim_rows(provider, hold_one=self.carry_on, skip_locked=True)
+                if vacated_slot is None:
+                    claimed = _claim_rows(provider, hold_one=self.carry_on, skip_locked=True)
+                else:
+                    used = hot_sql.slots_in_use(provider.id)
+                    claimed = _claim_rows(
+                        provider,
+                        hold_one=self.carry_on,
+                        skip_locked=True,
+                        into_slot=vacated_slot,
+                        lease_owner=worker,
+                        used=used,
+                    )
+                    # Room beyond the vacated slot: a dispatch after commit fills it.
+                    more_room = bool(claimed) and provider.concurrency - len(used) > 1
                 if claimed and self.carry_on:
-                    held = self._open(*claimed[0])
+                    held = self._open(*claimed[0], worker=worker, lease_taken=vacated_slot is not None)
         except IntegrityError:
             log.error("slot constraint refused a handover claim for provider %s", self.provider_id, exc_info=True)
             return
-        transaction.on_commit(self._committed(held))
+        transaction.on_commit(self._committed(held, more_room=more_room))
 
-    def _open(self, job, token):
+    def _open(self, job, token, *, worker: str, lease_taken: bool):
         # The claim was made a statement ago under the provider lock: the job in hand is
         # the row as claimed, and is not read again.
+        if lease_taken:
+            return job, token, attempts.attempt_open(job, worker)
         attempt = attempts.attempt_begin(job, token)
         if attempt is None:
             # Not ours after all (cannot happen under the provider lock): the broker runs it.
@@ -205,9 +245,9 @@ class Handover:
             return None
         return job, token, attempt
 
-    def _committed(self, held):
+    def _committed(self, held, *, more_room: bool):
         def committed():
-            self.held, self.done = held, True
+            self.held, self.done, self.more_room = held, True, more_room
 
         return committed
 

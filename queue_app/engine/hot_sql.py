@@ -8,10 +8,13 @@ statement measured on the hot path (bench/throughput.py, slot turnover) earns a 
 Plain parameters only, so one text serves PostgreSQL and SQLite.
 """
 
+from functools import cache
+
 from django.conf import settings
 from django.db import connection
+from django.db.models.functions import Now
 
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Status
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Provider, Status
 
 
 def _rows(sql: str, params: list) -> list[tuple]:
@@ -22,6 +25,32 @@ def _rows(sql: str, params: list) -> list[tuple]:
 
 def _param(model, field: str, value):
     return model._meta.get_field(field).get_db_prep_value(value, connection)
+
+
+@cache
+def now_sql(vendor: str) -> tuple[str, tuple]:
+    """Django's Now() as this database's SQL (the database's clock, as the ORM compares)."""
+    query = Job.objects.all().query
+    sql, params = query.get_compiler(connection=connection).compile(Now().resolve_expression(query))
+    return sql, tuple(params)
+
+
+def lock_provider(provider_id: int, *, shared: bool = False) -> Provider | None:
+    """The provider row, locked until commit, or None when it is paused or cooling down
+    (nothing is claimed for it then, and nothing locked). PostgreSQL: FOR NO KEY UPDATE,
+    which serialises claims and does not block inserts of jobs that reference it; with
+    `shared`, FOR SHARE, which handovers take together (each refills only the slot its own
+    job leaves) and which a claim, a cool-down or an edit of the provider waits for. SQLite's
+    IMMEDIATE transaction already holds the database's one write lock."""
+    now, now_params = now_sql(connection.vendor)
+    sql = (
+        f"SELECT * FROM {Provider._meta.db_table} WHERE id = %s AND paused = %s "
+        f"AND (cooldown_until IS NULL OR cooldown_until <= {now})"
+    )
+    if connection.vendor == "postgresql":
+        sql += " FOR SHARE" if shared else " FOR NO KEY UPDATE"
+    found = list(Provider.objects.raw(sql, [provider_id, False, *now_params]))
+    return found[0] if found else None
 
 
 def slots_in_use(provider_id: int) -> set[int]:

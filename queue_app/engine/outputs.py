@@ -247,7 +247,7 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         if attempt_id is not None:
             attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
         if handover is not None:
-            handover.claim()
+            handover.claim(vacated_slot=locked.slot)
         transaction.on_commit(lambda: remove_files(replaced_files))
 
 

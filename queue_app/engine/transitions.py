@@ -103,7 +103,11 @@ def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None) -> list
     """job_claim for many jobs at once: `claims` is [(job, slot, snapshot)]. Each job gets
     its own slot, snapshot and lease token in one UPDATE per chunk, one event write per
     project. Call inside dispatch's transaction. Returns [(job_id, token)] that moved, in
-    the order given; a job no longer pending (or locked by a canceller) is left out."""
+    the order given; a job no longer pending (or locked by a canceller) is left out.
+
+    `owner` empty: the claim waits in the broker for a worker to take it (lease_take),
+    under the longer claim lease. `owner` named: that worker runs it and the lease is its
+    own already (a handover, which opens the attempt in the same transaction)."""
     claimed, started_at = [], started_at or timezone.now()
     for start in range(0, len(claims), CLAIM_CHUNK):
         chunk = claims[start : start + CLAIM_CHUNK]
@@ -132,12 +136,12 @@ def _jobs_claim_chunk(claims, *, provider_id: int, owner: str, started_at) -> li
     return [(job_id, tokens[job_id]) for job_id in ids]
 
 
-def as_claimed(job: Job, slot: int, snap: dict, *, provider, token, started_at) -> Job:
+def as_claimed(job: Job, slot: int, snap: dict, *, provider, token, started_at, owner: str = "") -> Job:
     """The pending `job` in hand as _claim_into_slots left its row (for a caller that goes
     on with it in the claim's transaction), but for its lease's expiry, which is the
     database's clock and nobody in that transaction reads."""
     job.status, job.active_provider, job.slot, job.lease_token, job.resolved = Status.PROCESSING, provider, slot, token, snap
-    job.lease_owner, job.attempts, job.started_at, job.not_before, job.progress = "", job.attempts + 1, started_at, None, None
+    job.lease_owner, job.attempts, job.started_at, job.not_before, job.progress = owner, job.attempts + 1, started_at, None, None
     job.poll_failures, job.next_poll_at, job.poll_claimed_until = 0, None, None
     return job
 
@@ -156,7 +160,8 @@ def _claim_into_slots(rows, *, owner: str, started_at) -> set:
     params = [field.get_db_prep_value(value, connection) for values in rows for field, value in zip(fields, values, strict=True)]
     # Until a worker takes it (lease_take), the claim waits in the broker: a longer
     # lease, so a busy broker does not get its claims healed away.
-    expiry_sql, expiry_params = _compiled(lease_expiry(settings.CLAIM_TTL_SECONDS))
+    ttl = settings.LEASE_TTL_SECONDS if owner else settings.CLAIM_TTL_SECONDS
+    expiry_sql, expiry_params = _compiled(lease_expiry(ttl))
     now_sql, now_params = _compiled(Now())
     started_at = Job._meta.get_field("started_at").get_db_prep_value(started_at, connection)
     with connection.cursor() as cursor:

@@ -62,6 +62,9 @@ def run(job_id, token) -> None:
         with dispatch.refilled_by_caller(provider_id):
             freed = execute_one(*step, handover=handover)
         step = None
+        if handover.more_room:
+            # The handover refilled only its own slot; another is free besides.
+            dispatch.dispatch(provider_id)
         if handover.held is not None:
             # Claimed, and its attempt opened, in the completion's commit.
             job, next_token, attempt = handover.held
