@@ -44,3 +44,31 @@ def test_a_worker_whose_job_was_taken_leaves_the_provider_call(settings, monkeyp
     with leases.LeaseKeeper("job-1", "token-1", on_lost=left.set) as keeper:
         wait_for(left.is_set, timeout=5, interval=0.05, message="the worker to leave the call")
     assert keeper.lost.is_set()
+
+
+def test_keepers_share_two_threads_of_the_process_instead_of_starting_their_own(settings, monkeypatch):
+    monkeypatch.setattr(leases, "lease_renew", lambda job_id, token: True)
+    with leases.LeaseKeeper("job-0", "token-0"):
+        pass  # the process's renewer and watch are running from here on
+    before = threading.active_count()
+    for n in range(1, 50):
+        with leases.LeaseKeeper(f"job-{n}", f"token-{n}"):
+            assert threading.active_count() == before
+    assert threading.active_count() == before
+
+
+def test_two_jobs_of_one_process_are_renewed_each_and_lost_alone(settings, monkeypatch):
+    settings.LEASE_RENEW_SECONDS = 0.1
+    renewed = {"job-1": 0, "job-2": 0}
+
+    def renew(job_id, token):
+        renewed[job_id] += 1
+        return job_id == "job-1"  # job-2 was taken from us
+
+    monkeypatch.setattr(leases, "lease_renew", renew)
+    first_left, second_left = threading.Event(), threading.Event()
+    with leases.LeaseKeeper("job-1", "token-1", on_lost=first_left.set):
+        with leases.LeaseKeeper("job-2", "token-2", on_lost=second_left.set):
+            wait_for(second_left.is_set, timeout=5, interval=0.05, message="job-2's worker to leave its call")
+            wait_for(lambda: renewed["job-1"] >= 3, timeout=5, interval=0.05, message="job-1's renewals")
+    assert not first_left.is_set()

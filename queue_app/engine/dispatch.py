@@ -143,10 +143,13 @@ def _claim_rows(
     # Real rows first, then as many free slot numbers as there are candidates: the
     # cost under the lock follows the jobs, never the configured number (a
     # concurrency of millions must not build a list of millions here).
-    candidates = dispatchable_jobs(provider.id).select_related("project")
-    if skip_locked:
-        candidates = candidates.select_for_update(of=("self",), skip_locked=True)
-    candidates = list(candidates[:room])
+    candidates = hot_sql.dispatchable_with_projects(
+        provider.id,
+        projects=hot_sql.project_ids(provider.id),
+        excluded_kinds=runners.kinds(),
+        limit=room,
+        skip_locked=skip_locked,
+    )
     if into_slot is not None:
         free = [into_slot]
     else:

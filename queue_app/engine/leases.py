@@ -7,6 +7,7 @@ in `transitions` — so a lost lease is learnt from a renewal that matches no ro
 """
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -54,67 +55,121 @@ def lease_reissue(job_id, token, *, hold: timedelta) -> uuid.UUID | None:
 
 
 class LeaseKeeper:
-    """Renews a job's lease every LEASE_RENEW_SECONDS from a side thread. `lost` is set
-    when a renewal matches no row (the job was taken from us), or when no renewal has
-    succeeded for LEASE_TTL_SECONDS - LEASE_RENEW_SECONDS (the database unreachable, as
+    """Keeps a job's lease renewed every LEASE_RENEW_SECONDS while its worker works. `lost`
+    is set when a renewal matches no row (the job was taken from us), or when no renewal
+    has succeeded for LEASE_TTL_SECONDS - LEASE_RENEW_SECONDS (the database unreachable, as
     when this host is cut off): by then the lease may be over and another host rerunning
-    the job. Either way `on_lost` is called, so the worker leaves the provider call
-    rather than hold one slot twice at the provider."""
+    the job. Either way `on_lost` is called, so the worker leaves the provider call rather
+    than hold one slot twice at the provider.
+
+    The renewals and the deadline watch run on two threads of the process, shared by all
+    its keepers (`_keepers`): entering and leaving a keeper is a dictionary change, not two
+    thread starts and joins per job, which under load each waited for the scheduler."""
 
     def __init__(self, job_id, token, *, on_lost: Callable[[], None] | None = None):
         self.job_id, self.token = job_id, token
         self.lost = threading.Event()
         self.on_lost = on_lost
+        self._active = False
         # The lease was taken (or claimed) just before: its expiry counts from about now.
-        self._started = self._confirmed = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id}", daemon=True)
-        self._watch = threading.Thread(target=self._watch_deadline, name=f"lease-watch-{job_id}", daemon=True)
+        self._started = self._confirmed = self._sent = time.monotonic()
 
     def __enter__(self):
-        self._thread.start()
-        self._watch.start()
+        self._started = self._confirmed = self._sent = time.monotonic()
+        _keepers.add(self)
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._watch.join(timeout=5)
+        _keepers.remove(self)
 
     def _lose(self, why: str) -> None:
-        if self.lost.is_set():
-            return
-        self.lost.set()
+        with _keepers.lock:
+            if self.lost.is_set() or not self._active:
+                return  # lost already, or the worker is done with the job
+            self.lost.set()
         log.warning("job %s: %s; leaving the provider call", self.job_id, why)
         if self.on_lost is not None:
             self.on_lost()
 
-    def _run(self):
-        try:
-            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
+
+class _Keepers:
+    """This process's running leases, renewed by one thread and watched by another. The
+    threads start with the first keeper in each process (django-q2 forks its workers: a
+    parent's threads do not exist in the child). The renewer's database connection is
+    closed whenever no lease is held, so none outlives the work (tests drop their
+    database; a worker between jobs holds no idle connection for it)."""
+
+    def __init__(self):
+        self._forked()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        # A lock another thread held at the fork would stay held in the child.
+        self.lock = threading.Lock()
+        self._held: dict[int, LeaseKeeper] = {}
+        self._pid = None
+        self._wake = threading.Event()
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self.lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                for target, name in ((self._renew, "lease-renewer"), (self._watch, "lease-watch")):
+                    threading.Thread(target=target, args=(self._wake,), name=name, daemon=True).start()
+            keeper._active = True
+            self._held[id(keeper)] = keeper
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self.lock:
+            keeper._active = False
+            self._held.pop(id(keeper), None)
+            if not self._held:
+                self._wake.set()  # the renewer closes its connection now
+
+    def _snapshot(self) -> list[LeaseKeeper]:
+        with self.lock:
+            return list(self._held.values())
+
+    @staticmethod
+    def _tick() -> float:
+        return min(0.5, settings.LEASE_RENEW_SECONDS / 2)
+
+    def _renew(self, wake: threading.Event) -> None:
+        while True:
+            wake.wait(self._tick())
+            wake.clear()
+            held = self._snapshot()
+            if not held:
+                connection.close()
+                continue
+            for keeper in held:
                 sent = time.monotonic()  # the new expiry counts from no earlier than this
+                if sent - keeper._sent < settings.LEASE_RENEW_SECONDS or keeper.lost.is_set():
+                    continue
+                keeper._sent = sent
                 try:
-                    if not lease_renew(self.job_id, self.token):
-                        self._lose("the lease was taken from this worker")
-                        return
-                    self._confirmed = sent
+                    if not lease_renew(keeper.job_id, keeper.token):
+                        keeper._lose("the lease was taken from this worker")
+                        continue
+                    keeper._confirmed = sent
                 except DatabaseError:
                     # Django never reopens a broken connection by itself: close it so the
                     # next renewal connects afresh, or the lease lapses under a live worker.
-                    log.warning("lease renewal of job %s failed", self.job_id, exc_info=True)
+                    log.warning("lease renewal of job %s failed", keeper.job_id, exc_info=True)
                     connection.close()
-        finally:
-            connection.close()
 
-    def _watch_deadline(self):
+    def _watch(self, wake: threading.Event) -> None:
         """Apart from the renewals, which may hang on a database that went silent."""
-        margin = max(settings.LEASE_TTL_SECONDS - settings.LEASE_RENEW_SECONDS, settings.LEASE_TTL_SECONDS / 2)
-        while not self._stop.wait(min(0.5, settings.LEASE_RENEW_SECONDS / 2)):
-            if self.lost.is_set():
-                return
-            if time.monotonic() - self._confirmed >= margin:
-                self._lose(f"the lease could not be renewed for {margin:g} s")
-                return
+        while True:
+            time.sleep(self._tick())
+            margin = max(settings.LEASE_TTL_SECONDS - settings.LEASE_RENEW_SECONDS, settings.LEASE_TTL_SECONDS / 2)
+            now = time.monotonic()
+            for keeper in self._snapshot():
+                if now - keeper._confirmed >= margin:
+                    keeper._lose(f"the lease could not be renewed for {margin:g} s")
+
+
+_keepers = _Keepers()
 
 
 def leave_to_healing(job_id, doing: str) -> None:
