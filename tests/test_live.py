@@ -101,6 +101,26 @@ async def test_the_owner_subscribes_and_receives_events_with_sequence_numbers(ow
     await communicator.disconnect()
 
 
+async def test_one_commits_events_of_a_project_go_out_as_one_group_message_and_arrive_each(owner, projects, monkeypatch):
+    a, _ = projects
+    communicator, connected, _ = await socket(owner, a.id)
+    assert connected
+    await communicator.receive_json_from()
+    layer = get_channel_layer()
+    sends, real = [], layer.group_send
+
+    async def counted(group, message):
+        sends.append(message["type"])
+        await real(group, message)
+
+    monkeypatch.setattr(layer, "group_send", counted)
+    await emit(a.id, 3)  # three events in one commit, as a handover writes two
+    assert [(e["type"], e["seq"]) for e in await events_received(communicator, 3)] == [("event", 1), ("event", 2), ("event", 3)]
+    assert sends == ["project.events"]
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()
+
+
 async def test_an_outsider_is_refused_and_receives_nothing(owner, outsider, projects):
     a, _ = projects
     for user in (outsider, None):
@@ -245,6 +265,10 @@ def test_events_committed_on_a_worker_thread_reach_a_redis_subscriber_in_order(o
     assert events.flush_broadcasts(timeout=5)
 
     async def take(n):
-        return [(await layer.receive(channel))["event"]["seq"] for _ in range(n)]
+        seqs = []
+        while len(seqs) < n:
+            message = await layer.receive(channel)
+            seqs += [event["seq"] for event in message.get("events", [message.get("event")])]
+        return seqs
 
     assert async_to_sync(take)(5) == [1, 2, 3, 4, 5]

@@ -175,9 +175,25 @@ def broadcast(rows: list[ProjectEvent]) -> None:
         log.warning("live event broadcast failed", exc_info=True)
 
 
-async def _send_all(layer, rows) -> None:
+def group_messages(rows: list[ProjectEvent]) -> list[tuple[str, dict]]:
+    """Committed events as (group, message): one message per project, its events in the
+    order given. A handover commits two events of one project (the completion and the
+    next claim): one group send, not two — each costs the sender two Redis round trips
+    before it reaches anybody."""
+    by_project: dict[int, list[dict]] = {}
     for row in rows:
-        await layer.group_send(group_name(row.project_id), {"type": "project.event", "event": as_message(row)})
+        by_project.setdefault(row.project_id, []).append(as_message(row))
+    return [
+        (group_name(project_id), {"type": "project.event", "event": found[0]})
+        if len(found) == 1
+        else (group_name(project_id), {"type": "project.events", "events": found})
+        for project_id, found in by_project.items()
+    ]
+
+
+async def _send_all(layer, rows) -> None:
+    for group, message in group_messages(rows):
+        await layer.group_send(group, message)
 
 
 class _Sender:
@@ -220,7 +236,14 @@ class _Sender:
                     batches.append(inbox.get_nowait())
                 except queue.Empty:
                     break
+            # What queued up meanwhile goes out together: one message per project.
+            merged: list[tuple[object, list]] = []
             for layer, rows in batches:
+                if merged and merged[-1][0] is layer:
+                    merged[-1][1].extend(rows)
+                else:
+                    merged.append((layer, list(rows)))
+            for layer, rows in merged:
                 try:
                     loop.run_until_complete(_send_all(layer, rows))
                 except Exception:

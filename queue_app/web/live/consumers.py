@@ -130,7 +130,13 @@ class ProjectConsumer(AsyncJsonWebsocketConsumer):
     # --- group messages ---
 
     async def project_event(self, message):
-        event = message["event"]
+        await self._deliver(message["event"])
+
+    async def project_events(self, message):
+        for event in message["events"]:
+            await self._deliver(event)
+
+    async def _deliver(self, event):
         seq = event.get("seq") or 0
         if seq <= self.last:
             return
