@@ -67,3 +67,53 @@ def test_the_provider_lock_reads_what_the_orm_reads_and_nothing_while_paused_or_
     assert hot_sql.lock_provider(provider.id, shared=True) is not None
     Provider.objects.filter(id=provider.id).update(paused=True)
     assert hot_sql.lock_provider(provider.id) is None
+
+
+def values_of(obj, skip=("id",)):
+    return [(f.attname, getattr(obj, f.attname)) for f in type(obj)._meta.concrete_fields if f.attname not in skip]
+
+
+def test_an_insert_from_the_models_fields_stores_what_save_stores(owner):
+    from queue_app.models import AlbumItem, JobAttempt
+
+    project = make_project(owner, make_provider(owner))
+    [job] = make_drafts(project, 1)
+    fields = dict(
+        project_id=project.id,
+        owner_id=owner.id,
+        job_id=job.id,
+        kind="image",
+        file="album/1/x.png",
+        content_type="image/png",
+        size=12,
+        width=3,
+        metadata={"model": "m", "n": [1, None]},
+        prompt="ünïcode",
+    )
+    written = hot_sql.insert(AlbumItem(output_index=0, **fields))
+    saved = AlbumItem.objects.create(output_index=1, **fields)
+    assert written.pk is not None and not written._state.adding
+    skip = ("id", "output_index", "created_at", "updated_at")
+    assert values_of(AlbumItem.objects.get(pk=written.pk), skip) == values_of(AlbumItem.objects.get(pk=saved.pk), skip)
+    assert AlbumItem.objects.get(pk=written.pk).created_at is not None
+    [read] = hot_sql.select(AlbumItem, job_id=job.id, output_index=0)
+    assert values_of(read, ()) == values_of(AlbumItem.objects.get(pk=written.pk), ())
+    attempt = hot_sql.insert(JobAttempt(job=job, number=1, worker="w", owner_id=owner.id, provider_id=project.provider_id))
+    assert JobAttempt.objects.get(pk=attempt.pk).outcome == JobAttempt.Outcome.RUNNING
+
+
+def test_an_update_from_the_models_fields_changes_what_the_orms_would(owner):
+    from django.db.models import F
+
+    project = make_project(owner, make_provider(owner))
+    first, second = make_drafts(project, 2)
+    Job.objects.filter(id=first.id).update(status=Status.PENDING, attempts=2)
+    # equality, and None read as IS NULL, as filter(lease_token=None)
+    fence = dict(id=first.id, lease_token=None, status=Status.PENDING)
+    assert hot_sql.update(Job, fence, dict(error="x", progress=0.5, not_before=None)) == 1
+    assert hot_sql.update(Job, dict(fence, status=Status.PROCESSING), dict(error="y")) == 0
+    # an expression goes through the ORM
+    assert hot_sql.update(Job, fence, dict(attempts=F("attempts") - 1)) == 1
+    job = Job.objects.get(id=first.id)
+    assert (job.error, job.progress, job.attempts) == ("x", 0.5, 1)
+    assert Job.objects.get(id=second.id).error == ""

@@ -51,6 +51,7 @@ def attempt_open(job: Job, worker: str) -> JobAttempt:
         # What the history names it by, from the row in hand (a slot's job: its
         # provider is the one whose slot it holds); otherwise save() looks it up.
         attempt.provider_id, attempt.owner_id, attempt.queued_at = job.active_provider_id, job.owner_id, job.queued_at
+        return hot_sql.insert(attempt)
     attempt.save(force_insert=True)
     return attempt
 
@@ -59,7 +60,7 @@ def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str 
     fields = dict(finished_at=timezone.now(), outcome=outcome, reason=reason[:2000])
     if task_id:
         fields["task_id"] = task_id
-    return bool(JobAttempt.objects.filter(id=attempt_id, outcome=Outcome.RUNNING).update(**fields))
+    return bool(hot_sql.update(JobAttempt, dict(id=attempt_id, outcome=Outcome.RUNNING), fields))
 
 
 def attempt_record(job: Job, *, outcome: Outcome, reason: str, worker: str) -> None:

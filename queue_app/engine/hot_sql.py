@@ -1,18 +1,23 @@
-"""Written-out reads of the hot path: the few small statements every job runs between one
-provider call's end and the next call's start in its slot.
+"""Written-out statements of the hot path: the few small statements every job runs between
+one provider call's end and the next call's start in its slot.
 
 Django takes 1-2 ms to build each statement on this machine class, more than the database
 takes to answer these; written out they cost a fraction of a millisecond (the output
 writer's quota read went from 2.2 to 0.5 ms). Everything else goes through the ORM: only a
 statement measured on the hot path (bench/throughput.py, slot turnover) earns a place here.
 Plain parameters only, so one text serves PostgreSQL and SQLite.
+
+Two kinds: reads with their own SQL (the slots in use, the claim's candidates, the quota),
+and `select`/`insert`/`update`, which write a plain statement from a model's own fields:
+the columns, the values as the field prepares them and the rows as the field converts them
+come from the model, so no column list is typed here twice. They take equality filters
+and plain values only; anything more goes through the ORM.
 """
 
 from functools import cache
 
 from django.conf import settings
 from django.db import connection
-from django.db.models.expressions import Col
 from django.db.models.functions import Now
 
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Provider, Status
@@ -97,7 +102,7 @@ def _converters(model, alias: str) -> list[tuple]:
     value (the database's, then the field's), as a query of the ORM would."""
     converters = []
     for field in model._meta.concrete_fields:
-        column = Col(alias, field)
+        column = field.get_col(alias)  # a foreign key's: typed as the key it points to
         converters.append((column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)))
     return converters
 
@@ -159,3 +164,75 @@ def dispatchable_with_projects(
         job.project = Project.from_db(connection.alias, project_names, _converted(row[split:], project_converters))
         jobs.append(job)
     return jobs
+
+
+# --- Statements from a model's own fields -------------------------------------------------
+
+
+@cache
+def _shape(model, vendor: str) -> tuple[str, str, list, list]:
+    """(table, its columns, their attnames, their converters) for `model` on this database."""
+    fields = model._meta.concrete_fields
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    columns = ", ".join(f"{table}.{quote(f.column)}" for f in fields)
+    return table, columns, [f.attname for f in fields], _converters(model, model._meta.db_table)
+
+
+def _where(model, where: dict) -> tuple[str, list]:
+    quote, sql, params = connection.ops.quote_name, [], []
+    for name, value in where.items():
+        field = model._meta.get_field(name)
+        if value is None:  # as the ORM reads filter(name=None)
+            sql.append(f"{quote(field.column)} IS NULL")
+            continue
+        sql.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_value(value, connection))
+    return " AND ".join(sql), params
+
+
+def select(model, *, lock: str = "", **where) -> list:
+    """model.objects.filter(**where) as instances, `lock` ("FOR UPDATE", …) on PostgreSQL."""
+    table, columns, names, converters = _shape(model, connection.vendor)
+    condition, params = _where(model, where)
+    sql = f"SELECT {columns} FROM {table} WHERE {condition}"
+    if lock and connection.vendor == "postgresql":
+        sql += f" {lock}"
+    return [model.from_db(connection.alias, names, _converted(row, converters)) for row in _rows(sql, params)]
+
+
+def update(model, where: dict, values: dict) -> int:
+    """model.objects.filter(**where).update(**values): rows changed. Values that are
+    expressions (F("attempts") - 1) go through the ORM."""
+    if any(hasattr(value, "resolve_expression") for value in values.values()):
+        return model.objects.filter(**where).update(**values)
+    quote = connection.ops.quote_name
+    assignments, params = [], []
+    for name, value in values.items():
+        field = model._meta.get_field(name)
+        assignments.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    condition, where_params = _where(model, where)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(model._meta.db_table)} SET {', '.join(assignments)} WHERE {condition}", params + where_params
+        )
+        return cursor.rowcount
+
+
+def insert(obj):
+    """obj.save(force_insert=True) for a model with an automatic id, without its save():
+    the fields' defaults and auto_now values are applied as save() would (pre_save)."""
+    model = type(obj)
+    quote = connection.ops.quote_name
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    values = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    pk = model._meta.pk
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(pk.column)}"
+    )
+    [(new_id,)] = _rows(sql, values)
+    setattr(obj, pk.attname, new_id)
+    obj._state.adding, obj._state.db = False, connection.alias
+    return obj

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from queue_app.engine import events, failpoints, hot_sql, media, transitions
 from queue_app.engine.attempts import attempt_finish
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -236,9 +236,10 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
     with transaction.atomic(), events.batched():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
-        locked = Job.objects.select_for_update().fenced(job.id, token).first()
-        if locked is None:
+        found = hot_sql.select(Job, lock="FOR UPDATE", id=job.id, lease_token=token, status=Status.PROCESSING)
+        if not found:
             raise Fenced(job.id)
+        locked = found[0]
         _check_quota(job, prepared)
         replaced_files = _upsert_items(locked, prepared, placed)
         failpoints.hit("after_album_before_complete")
@@ -265,7 +266,7 @@ def _check_quota(job: Job, prepared: list[Prepared]) -> None:
 def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path]) -> list[str]:
     """Rename the files into place and write one album item per output index; items of
     indexes the new result no longer has go. Returns the files no item names any more."""
-    existing = {item.output_index: item for item in AlbumItem.objects.filter(job_id=job.id)}
+    existing = {item.output_index: item for item in hot_sql.select(AlbumItem, job_id=job.id)}
     replaced_files = []
     for index, item in enumerate(prepared):
         old = existing.get(index)
@@ -281,7 +282,7 @@ def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path]) -> lis
         if old is not None:
             AlbumItem.objects.filter(pk=old.pk).update(**fields, updated_at=timezone.now())
         else:
-            AlbumItem.objects.create(job_id=job.id, output_index=index, **fields)
+            hot_sql.insert(AlbumItem(job_id=job.id, output_index=index, **fields))
     # A retried job overwrites its outputs: layers the new result no longer has go.
     for index, old in existing.items():
         if index >= len(prepared):

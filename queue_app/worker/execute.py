@@ -79,8 +79,10 @@ def execute_one(job_id, token, opened: tuple | None = None, *, handover=None) ->
     """Run one claimed job. `opened` is (job, attempt) when a handover claimed it for this
     worker and opened its attempt already. Returns its provider id when the job left its
     slot (so the caller may refill it), else None."""
-    close_old_connections()
     if opened is None:
+        # A task from the broker: its connection may have sat idle (django-q2 reuses it).
+        # A handed-over job comes on a connection that just committed.
+        close_old_connections()
         job = Job.objects.select_related("active_provider").fenced(job_id, token).first()
         if job is None or job.task_id and not _adoptable(job):
             return None  # not ours (anymore): a redelivery, or a job healed/cleared meanwhile
