@@ -4,6 +4,8 @@ same rows, in the same order, with the same values, on both databases."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queue_app.engine import dispatch, hot_sql, runners
@@ -39,15 +41,15 @@ def test_the_claims_candidates_are_the_orms_rows_in_its_order(owner):
     pending_now(make_drafts(comfy, 2), at=now - timedelta(minutes=9))
     pending_now(make_drafts(make_project(owner, other, name="elsewhere"), 2), at=now - timedelta(minutes=9))
     make_drafts(by_default, 2)  # drafts: not pending
+    projects = hot_sql.project_ids(provider.id)
     for limit in (50, 4, 1):
         orm = list(dispatch.dispatchable_jobs(provider.id).select_related("project")[:limit])
-        written = hot_sql.dispatchable_with_projects(
-            provider.id,
-            projects=hot_sql.project_ids(provider.id),
-            excluded_kinds=runners.kinds(),
-            limit=limit,
-            skip_locked=True,
-        )
+        with CaptureQueriesContext(connection) as reads:
+            written = hot_sql.dispatchable_with_projects(
+                provider.id, projects=projects, excluded_kinds=runners.kinds(), limit=limit, skip_locked=True
+            )
+        # Fewer than 50 are due: only then is every pending job read after the heads.
+        assert len(reads.captured_queries) == (2 if limit == 50 else 1)
         assert [job.id for job in written] == [job.id for job in orm]
         assert [as_values(job) for job in written] == [as_values(job) for job in orm]
     assert len(orm) == 1 and len(written) == 1

@@ -130,6 +130,13 @@ def _converted(values, converters) -> list:
     return out
 
 
+# A handover claims one job while others of the provider claim theirs: the head of each of
+# its queues is read this far past `limit`, so rows they hold (SKIP LOCKED) leave enough.
+HEAD_MARGIN = 16
+# Past this many projects on one provider, one unbounded read beats one arm per project.
+HEAD_MAX_PROJECTS = 50
+
+
 def dispatchable_with_projects(
     provider_id: int, *, projects: list[int], excluded_kinds: list[str], limit: int, skip_locked: bool
 ) -> list[Job]:
@@ -137,19 +144,58 @@ def dispatchable_with_projects(
     with its project in hand, oldest started first; with `skip_locked`, rows another
     transaction holds are passed over (PostgreSQL; SQLite writes one at a time). The claim
     reads these on every handover: built by Django, this statement and its two model
-    instances took longer than the rest of the claim."""
+    instances took longer than the rest of the claim.
+
+    The oldest `limit` are picked from the head of each queue that feeds the provider (its
+    own jobs, and each of its projects' jobs that name no provider), each head read in
+    order from a partial index of pending jobs: the cost follows `limit`, not the backlog
+    (sorting every pending job took 2 ms a claim at 3,000 pending). When the heads leave
+    fewer than `limit` (the queue is nearly empty, or others hold them), every pending job
+    is read, as before."""
+    jobs = []
+    if len(projects) <= HEAD_MAX_PROJECTS:
+        jobs = _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, head=limit + HEAD_MARGIN)
+    if len(jobs) < limit:
+        jobs = _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, head=None)
+    return jobs
+
+
+# Written into the statement, not passed: a partial index's predicate (status = 'pending')
+# must be visible to the planner, and SQLite cannot see through a bound parameter.
+_PENDING = f"'{Status.PENDING.value}'"
+
+
+def _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, *, head: int | None) -> list[Job]:
     columns, job_names, project_names, job_converters, project_converters = _candidates_shape(connection.vendor)
     now, now_params = now_sql(connection.vendor)
+    table = Job._meta.db_table
+    due = f"(not_before IS NULL OR not_before <= {now})"
+    heads, head_params = "", []
+    if head is not None:
+        order = "ORDER BY queued_at ASC, created_at ASC, id ASC LIMIT %s"
+        arms = [f"SELECT id FROM (SELECT id FROM {table} WHERE status = {_PENDING} AND provider_id = %s AND {due} {order}) h0"]
+        head_params += [provider_id, *now_params, head]
+        for n, project_id in enumerate(projects, start=1):
+            arms.append(
+                f"SELECT id FROM (SELECT id FROM {table} WHERE status = {_PENDING} AND provider_id IS NULL "
+                f"AND project_id = %s AND {due} {order}) h{n}"
+            )
+            head_params += [project_id, *now_params, head]
+        # The heads lead (SQLite keeps a CROSS JOIN's order): a few key lookups, where
+        # the planners preferred to walk every pending job and test it against the list.
+        heads = f"({' UNION ALL '.join(arms)}) heads CROSS JOIN "
     owned = "j.provider_id = %s"
-    params: list = [Status.PENDING, provider_id]
+    params: list = [provider_id]
     if projects:
         owned = f"({owned} OR (j.provider_id IS NULL AND j.project_id IN ({', '.join(['%s'] * len(projects))})))"
         params += projects
     sql = (
-        f"SELECT {columns} FROM {Job._meta.db_table} j INNER JOIN {Project._meta.db_table} p ON p.id = j.project_id "
-        f"WHERE j.status = %s AND {owned} AND (j.not_before IS NULL OR j.not_before <= {now})"
+        f"SELECT {columns} FROM {heads}{table} j INNER JOIN {Project._meta.db_table} p ON p.id = j.project_id "
+        f"WHERE j.status = {_PENDING} AND {owned} AND (j.not_before IS NULL OR j.not_before <= {now})"
     )
-    params += now_params
+    if heads:
+        sql += " AND j.id = heads.id"
+    params = [*head_params, *params, *now_params]
     if excluded_kinds:
         sql += f" AND NOT (p.kind IN ({', '.join(['%s'] * len(excluded_kinds))}))"
         params += excluded_kinds

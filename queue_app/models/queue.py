@@ -171,6 +171,18 @@ class Job(models.Model):
         ordering = ["created_at", "id"]
         indexes = [
             models.Index(fields=["status", "queued_at"], name="job_status_queued"),
+            # The head of each queue a claim reads (engine/hot_sql.py): a provider's own
+            # pending jobs, and a project's that name no provider, in dispatch order.
+            models.Index(
+                fields=["provider", "queued_at", "created_at", "id"],
+                condition=Q(status="pending"),
+                name="job_pending_provider_order",
+            ),
+            models.Index(
+                fields=["project", "queued_at", "created_at", "id"],
+                condition=Q(status="pending", provider__isnull=True),
+                name="job_pending_project_order",
+            ),
             models.Index(fields=["active_provider", "status"], name="job_active_provider"),
             models.Index(fields=["provider", "status"], name="job_provider_status"),
             models.Index(fields=["project", "status"], name="job_project_status"),
