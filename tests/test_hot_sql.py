@@ -119,3 +119,24 @@ def test_an_update_from_the_models_fields_changes_what_the_orms_would(owner):
     job = Job.objects.get(id=first.id)
     assert (job.error, job.progress, job.attempts) == ("x", 0.5, 1)
     assert Job.objects.get(id=second.id).error == ""
+
+
+def test_many_rows_inserted_from_the_models_fields_are_what_bulk_create_stores(owner, monkeypatch):
+    from queue_app.models import ProjectEvent
+
+    project = make_project(owner, make_provider(owner))
+    [job] = make_drafts(project, 1)
+
+    def events(first_seq):
+        return [
+            ProjectEvent(project_id=project.id, seq=first_seq + n, kind="job.claimed", job_id=job.id, payload={"slot": n})
+            for n in range(5)
+        ]
+
+    monkeypatch.setattr(hot_sql, "INSERT_CHUNK", 2)  # three statements
+    hot_sql.insert_many(events(1))
+    ProjectEvent.objects.bulk_create(events(101))
+    stored = {event.seq: event for event in ProjectEvent.objects.filter(project=project)}
+    skip = ("id", "seq", "created_at")
+    assert [values_of(stored[n], skip) for n in range(1, 6)] == [values_of(stored[100 + n], skip) for n in range(1, 6)]
+    assert all(stored[n].created_at is not None for n in range(1, 6))

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from django.db import connection, transaction
 
+from queue_app.engine import hot_sql
 from queue_app.models import EventCounter, ProjectEvent
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> list[Projec
             )
             for offset, (kind, job_id, status, payload) in enumerate(group)
         ]
-    ProjectEvent.objects.bulk_create(rows, batch_size=2000)
+    hot_sql.insert_many(rows)
     transaction.on_commit(lambda: broadcast(rows))
     return rows
 
