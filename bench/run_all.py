@@ -11,6 +11,7 @@ Each figure is one line: `bench.<name>[<stack>] <value> <unit> (<comparison>)`.
 - the delay from a job's completion in a worker to the browser showing it, embedded and
   with Redis (bench/live_delay.py);
 - a ComfyUI instance's idle time between prompts and jobs/minute (bench/comfy_throughput.py);
+- a claim's cost at 100,000 pending jobs (bench/claim_backlog.py; both databases);
 - idle slot-seconds while work waited in a mixed-fault run, per provider, and wall time
   against the ideal (bench/idle_slots.py, 80 jobs; PostgreSQL + Redis only).
 
@@ -75,6 +76,10 @@ def main(argv=None) -> int:
         status |= run("bench.recovery_scan", "--database-url", pg, *scan)
     else:
         status |= run("bench.recovery_scan", *scan, env={"DATABASE_URL": ""})
+    backlog = ["--pending", "5000", "--claims", "50"] if args.quick else []
+    status |= run("bench.claim_backlog", *backlog, env={"DATABASE_URL": ""})
+    if has_pg:
+        status |= run("bench.claim_backlog", "--database-url", pg, *backlog)
     modes = "embedded,redis" if has_redis else "embedded"
     status |= run(
         "bench.live_delay", "--jobs", "10" if args.quick else "30", "--modes", modes, env={"DATABASE_URL": "", "REDIS_URL": rd}

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from queue_app.engine import dispatch, hot_sql, runners
 from queue_app.models import Job, Project, Provider, Status
-from tests.conftest import make_drafts, make_project, make_provider
+from tests.conftest import is_postgres, make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,3 +140,41 @@ def test_many_rows_inserted_from_the_models_fields_are_what_bulk_create_stores(o
     skip = ("id", "seq", "created_at")
     assert [values_of(stored[n], skip) for n in range(1, 6)] == [values_of(stored[100 + n], skip) for n in range(1, 6)]
     assert all(stored[n].created_at is not None for n in range(1, 6))
+
+
+@pytest.mark.skipif(not is_postgres(), reason="row locks need PostgreSQL (SQLite writes one at a time)")
+def test_a_claim_passes_the_rows_other_claimers_hold_within_the_head_it_reads(owner):
+    import threading
+
+    from django.db import connections, transaction
+
+    provider = make_provider(owner, concurrency=30)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, 30)
+    pending_now(jobs, at=timezone.now())
+    order = [job.id for job in dispatch.dispatchable_jobs(provider.id)]
+    held, release = threading.Event(), threading.Event()
+
+    def other_claimers_hold_the_oldest_twenty():
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id__in=order[:20]).values_list("id"))
+                held.set()
+                release.wait(20)
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=other_claimers_hold_the_oldest_twenty)
+    thread.start()
+    try:
+        assert held.wait(20)
+        for margin, reads in ((25, 1), (5, 2)):  # within the head, or past it: the whole queue is read
+            with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+                [job] = hot_sql.dispatchable_with_projects(
+                    provider.id, projects=[project.id], excluded_kinds=[], limit=1, skip_locked=True, margin=margin
+                )
+            assert job.id == order[20]
+            assert len(captured.captured_queries) == reads
+    finally:
+        release.set()
+        thread.join(20)

@@ -149,6 +149,7 @@ def _claim_rows(
         excluded_kinds=runners.kinds(),
         limit=room,
         skip_locked=skip_locked,
+        margin=provider.concurrency,
     )
     if into_slot is not None:
         free = [into_slot]
