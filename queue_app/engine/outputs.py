@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from queue_app.engine import events, failpoints, hot_sql, media, transitions
 from queue_app.engine.attempts import attempt_finish
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Status
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, fence
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -236,7 +236,7 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
     with transaction.atomic(), events.batched():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
-        found = hot_sql.select(Job, lock="FOR UPDATE", id=job.id, lease_token=token, status=Status.PROCESSING)
+        found = hot_sql.select(Job, lock="FOR UPDATE", **fence(job.id, token))
         if not found:
             raise Fenced(job.id)
         locked = found[0]

@@ -33,7 +33,7 @@ from queue_app.engine import events, failpoints, hot_sql, runs
 from queue_app.engine.attempts import attempt_finish, attempts_cancel, attempts_interrupt
 from queue_app.engine.clock import db_now
 from queue_app.engine.leases import lease_expiry
-from queue_app.models import ErrorClass, Job, JobAttempt, Status
+from queue_app.models import ErrorClass, Job, JobAttempt, Status, fence
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
 
@@ -254,8 +254,7 @@ def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict
             job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
         if not job:
             return False
-        fence = dict(id=job_id, lease_token=token, status=Status.PROCESSING)  # Job.objects.fenced
-        if not hot_sql.update(Job, fence, dict(status=new_status, **SLOT_RELEASED, **fields)):
+        if not hot_sql.update(Job, fence(job_id, token), dict(status=new_status, **SLOT_RELEASED, **fields)):
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
         # The freed slot is the provider's; only a job without one (a runner's: ComfyUI)

@@ -18,7 +18,7 @@ from queue_app.models.album import AlbumItem, Reference, album_upload_to, refere
 from queue_app.models.choices import ErrorClass, Family, Kind, Status
 from queue_app.models.events import EventCounter, Heartbeat, ProjectEvent
 from queue_app.models.notifications import ProjectRun, PushOutbox, PushSubscription, VapidKeys
-from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider
+from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider, fence
 
 __all__ = [
     "AccountSettings",
@@ -26,6 +26,7 @@ __all__ = [
     "ApiToken",
     "ErrorClass",
     "EventCounter",
+    "fence",
     "Family",
     "Heartbeat",
     "IdempotencyKey",

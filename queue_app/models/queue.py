@@ -113,7 +113,12 @@ class JobQuerySet(models.QuerySet):
         """The job while it is processing under the lease `token`. Every write of an
         execution filters through this: a write that matches no row means the job was
         taken from its worker (healed, cleared, retried), which then writes nothing."""
-        return self.filter(id=job_id, lease_token=token, status=Status.PROCESSING)
+        return self.filter(**fence(job_id, token))
+
+
+def fence(job_id, token) -> dict:
+    """The lookups of `fenced`, for the hot path's written-out statements (engine/hot_sql.py)."""
+    return dict(id=job_id, lease_token=token, status=Status.PROCESSING)
 
 
 class Job(models.Model):
