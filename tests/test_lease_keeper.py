@@ -72,3 +72,21 @@ def test_two_jobs_of_one_process_are_renewed_each_and_lost_alone(settings, monke
             wait_for(second_left.is_set, timeout=5, interval=0.05, message="job-2's worker to leave its call")
             wait_for(lambda: renewed["job-1"] >= 3, timeout=5, interval=0.05, message="job-1's renewals")
     assert not first_left.is_set()
+
+
+def test_a_renewal_that_fails_unexpectedly_leaves_the_other_jobs_renewed(settings, monkeypatch):
+    # One renewer serves every job of the process: one job's odd failure must not end it.
+    settings.LEASE_RENEW_SECONDS = 0.1
+    renewed = []
+
+    def renew(job_id, token):
+        if job_id == "job-odd":
+            raise ValueError("an answer nobody expected")
+        renewed.append(job_id)
+        return True
+
+    monkeypatch.setattr(leases, "lease_renew", renew)
+    with leases.LeaseKeeper("job-odd", "token-odd"), leases.LeaseKeeper("job-1", "token-1"):
+        wait_for(lambda: renewed.count("job-1") >= 3, timeout=5, interval=0.05, message="job-1's renewals")
+    with leases.LeaseKeeper("job-2", "token-2"):
+        wait_for(lambda: "job-2" in renewed, timeout=5, interval=0.05, message="a later job's renewal")

@@ -114,8 +114,8 @@ class _Keepers:
         with self.lock:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
-                for target, name in ((self._renew, "lease-renewer"), (self._watch, "lease-watch")):
-                    threading.Thread(target=target, args=(self._wake,), name=name, daemon=True).start()
+                threading.Thread(target=self._renew, args=(self._wake,), name="lease-renewer", daemon=True).start()
+                threading.Thread(target=self._watch, name="lease-watch", daemon=True).start()
             keeper._active = True
             self._held[id(keeper)] = keeper
 
@@ -135,6 +135,7 @@ class _Keepers:
         return min(0.5, settings.LEASE_RENEW_SECONDS / 2)
 
     def _renew(self, wake: threading.Event) -> None:
+        # Every job of the process depends on this thread: nothing may end it.
         while True:
             wake.wait(self._tick())
             wake.clear()
@@ -143,22 +144,28 @@ class _Keepers:
                 connection.close()
                 continue
             for keeper in held:
-                sent = time.monotonic()  # the new expiry counts from no earlier than this
-                if sent - keeper._sent < settings.LEASE_RENEW_SECONDS or keeper.lost.is_set():
-                    continue
-                keeper._sent = sent
                 try:
-                    if not lease_renew(keeper.job_id, keeper.token):
-                        keeper._lose("the lease was taken from this worker")
-                        continue
-                    keeper._confirmed = sent
-                except DatabaseError:
-                    # Django never reopens a broken connection by itself: close it so the
-                    # next renewal connects afresh, or the lease lapses under a live worker.
-                    log.warning("lease renewal of job %s failed", keeper.job_id, exc_info=True)
-                    connection.close()
+                    self._renew_one(keeper)
+                except Exception:
+                    log.exception("lease renewal of job %s failed", keeper.job_id)
 
-    def _watch(self, wake: threading.Event) -> None:
+    def _renew_one(self, keeper: LeaseKeeper) -> None:
+        sent = time.monotonic()  # the new expiry counts from no earlier than this
+        if sent - keeper._sent < settings.LEASE_RENEW_SECONDS or keeper.lost.is_set():
+            return
+        keeper._sent = sent
+        try:
+            if not lease_renew(keeper.job_id, keeper.token):
+                keeper._lose("the lease was taken from this worker")
+                return
+            keeper._confirmed = sent
+        except DatabaseError:
+            # Django never reopens a broken connection by itself: close it so the next
+            # renewal connects afresh, or the lease lapses under a live worker.
+            log.warning("lease renewal of job %s failed", keeper.job_id, exc_info=True)
+            connection.close()
+
+    def _watch(self) -> None:
         """Apart from the renewals, which may hang on a database that went silent."""
         while True:
             time.sleep(self._tick())
@@ -166,7 +173,10 @@ class _Keepers:
             now = time.monotonic()
             for keeper in self._snapshot():
                 if now - keeper._confirmed >= margin:
-                    keeper._lose(f"the lease could not be renewed for {margin:g} s")
+                    try:
+                        keeper._lose(f"the lease could not be renewed for {margin:g} s")
+                    except Exception:
+                        log.exception("leaving job %s's provider call failed", keeper.job_id)
 
 
 _keepers = _Keepers()
