@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from comfy_app.models import ComfyInstance, ComfyRun
 from comfy_app.runner.check import check_instance
@@ -74,9 +75,17 @@ class ComfyRunner:
         rows = Job.objects.filter(status=Status.PROCESSING, project__kind=Kind.COMFYUI).values_list(
             "id", "lease_owner", "lease_expires_at", "comfy_run__phase"
         )
-        for job_id, lease_owner, _, phase in rows:
+        now = timezone.now()
+        for job_id, lease_owner, lease_expires_at, phase in rows:
             adopted += 1
-            if phase in (Phase.SUBMITTING, Phase.COLLECTING) and (not lease_owner or heartbeats.owner_is_dead(lease_owner)):
+            # A claim nobody has taken yet waits in the broker, which hands it to a worker;
+            # handing it out again too would post its prompt twice. Its lease's end is the net.
+            waiting = not lease_owner and lease_expires_at is not None and lease_expires_at > now
+            if (
+                phase in (Phase.SUBMITTING, Phase.COLLECTING)
+                and not waiting
+                and (not lease_owner or heartbeats.owner_is_dead(lease_owner))
+            ):
                 Job.objects.filter(id=job_id, status=Status.PROCESSING, lease_owner=lease_owner).update(lease_expires_at=Now())
             elif phase is None:
                 ComfyRun.objects.get_or_create(
