@@ -178,3 +178,122 @@ def test_a_claim_passes_the_rows_other_claimers_hold_within_the_head_it_reads(ow
     finally:
         release.set()
         thread.join(20)
+
+
+def test_the_projects_read_by_the_candidates_statement_are_the_ones_passed_in(owner):
+    provider = make_provider(owner, concurrency=10)
+    now = timezone.now()
+    for n in range(3):
+        project = make_project(owner, provider, name=f"p{n}")
+        pending_now(make_drafts(project, 2), at=now - timedelta(minutes=n))
+    pending_now(make_drafts(make_project(owner, make_provider(owner, name="Other"), name="elsewhere"), 2), at=now)
+    passed = hot_sql.project_ids(provider.id)
+    for limit in (4, 10):
+        claim = dict(excluded_kinds=[], limit=limit, skip_locked=True)
+        given = hot_sql.dispatchable_with_projects(provider.id, projects=passed, **claim)
+        with CaptureQueriesContext(connection) as reads:
+            read = hot_sql.dispatchable_with_projects(provider.id, projects=None, **claim)
+        assert [as_values(job) for job in read] == [as_values(job) for job in given]
+        # PostgreSQL reads the projects within the heads' statement (LATERAL): from the heads
+        # alone when they hold `limit`; else the projects, then the whole queue.
+        expected = (1 if limit == 4 else 3) if is_postgres() else (2 if limit == 4 else 3)
+        assert len(reads.captured_queries) == expected
+    assert len(read) == 6
+
+
+def test_the_shared_provider_lock_counts_its_busy_slots(owner):
+    from django.db import transaction
+
+    provider = make_provider(owner, concurrency=4)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, 3)
+    pending_now(jobs, at=timezone.now())
+    with transaction.atomic():
+        assert hot_sql.lock_provider(provider.id, shared=True).busy_slots == 0
+    assert len(dispatch.dispatch(provider.id)) == 3
+    Job.objects.filter(id=jobs[0].id).update(status=Status.COMPLETED, active_provider=None, slot=None)
+    with transaction.atomic():
+        assert hot_sql.lock_provider(provider.id, shared=True).busy_slots == 2
+
+
+def test_the_output_writers_read_is_the_fenced_row_the_quota_and_whether_items_exist(owner, outsider):
+    from queue_app.engine import outputs
+    from queue_app.models import AccountSettings, AlbumItem, fence
+
+    AccountSettings.objects.update_or_create(user=owner, defaults=dict(storage_limit_bytes=10_000))
+    provider = make_provider(owner)
+    project = make_project(owner, provider)
+    job, other = make_drafts(project, 2)
+    Job.objects.filter(id=job.id).update(status=Status.PROCESSING, lease_token=uuid_of(1))
+    AlbumItem.objects.create(project=project, owner=owner, job=other, kind="image", size=700)
+    AlbumItem.objects.create(project=project, owner=outsider, kind="image", size=99)
+    locked, used, limit, has_items = hot_sql.job_to_complete(fence(job.id, uuid_of(1)))
+    assert values_of(locked, ()) == values_of(Job.objects.get(id=job.id), ())
+    assert (used, limit, has_items) == (outputs.usage_bytes(owner.id, excluding_job=job.id), 10_000, False)
+    AlbumItem.objects.create(project=project, owner=owner, job=job, kind="image", size=5)
+    _, used, _, has_items = hot_sql.job_to_complete(fence(job.id, uuid_of(1)))
+    assert (used, has_items) == (700, True)  # its own items do not count against it
+    assert hot_sql.job_to_complete(fence(job.id, uuid_of(2))) is None
+    AccountSettings.objects.filter(user=owner).delete()
+    assert hot_sql.job_to_complete(fence(job.id, uuid_of(1)))[2] == outputs.storage_limit(owner.id)
+
+
+def uuid_of(n: int):
+    import uuid
+
+    return uuid.UUID(int=n)
+
+
+def test_an_attempt_numbered_in_its_insert_gets_the_number_attempt_number_gives(owner):
+    from queue_app.engine import attempts
+    from queue_app.models import JobAttempt
+
+    project = make_project(owner, make_provider(owner))
+    [job] = make_drafts(project, 1)
+    earlier = timezone.now() - timedelta(minutes=5)
+    for number in (1, 2, 3):  # a run before the user's retry
+        JobAttempt.objects.create(job=job, number=number, worker="w", started_at=earlier)
+    for attempts_so_far, queued_at in ((0, None), (1, None), (2, timezone.now()), (1, timezone.now())):
+        job.attempts, job.queued_at = attempts_so_far, queued_at
+        expected = attempts.attempt_number(job)
+        written = hot_sql.insert_attempt(
+            JobAttempt(job=job, worker="w", owner_id=owner.id), started_before=queued_at, run_attempts=max(attempts_so_far, 1)
+        )
+        assert written.number == expected == JobAttempt.objects.get(pk=written.pk).number
+    assert expected == 4  # after the three of the run before
+
+
+@pytest.mark.parametrize("counted", [0, 5], ids=["first events", "counters running"])
+def test_events_of_several_projects_are_numbered_on_from_each_counter_and_stored_as_numbered(owner, counted):
+    from django.db import transaction
+
+    from queue_app.engine import events
+    from queue_app.models import EventCounter, ProjectEvent
+
+    provider = make_provider(owner)
+    first, second = make_project(owner, provider, name="a"), make_project(owner, provider, name="b")
+    if counted:
+        EventCounter.objects.create(project=first, last=counted)
+    [job] = make_drafts(first, 1)
+    with transaction.atomic():
+        rows = events.emit_grouped(
+            [
+                (second.id, "job.claimed", job.id, Status.PROCESSING, {"slot": 1}),
+                (first.id, "job.completed", job.id, Status.COMPLETED, {}),
+                (second.id, "job.failed", None, "", {"error": "x"}),
+                (first.id, "job.claimed", job.id, Status.PROCESSING, {"slot": 0}),
+            ]
+        )
+    in_hand = [(row.project_id, row.seq, row.kind) for row in rows]
+    assert in_hand == [
+        (first.id, counted + 1, "job.completed"),
+        (first.id, counted + 2, "job.claimed"),
+        (second.id, 1, "job.claimed"),
+        (second.id, 2, "job.failed"),
+    ]
+    stored = ProjectEvent.objects.order_by("project_id", "seq")
+    assert [(e.project_id, e.seq, e.kind, e.job_id, e.status, e.payload) for e in stored] == [
+        (row.project_id, row.seq, row.kind, row.job_id, row.status, row.payload) for row in rows
+    ]
+    assert all(e.created_at is not None for e in stored)
+    assert dict(EventCounter.objects.values_list("project_id", "last")) == {first.id: counted + 2, second.id: 2}

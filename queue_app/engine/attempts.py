@@ -46,12 +46,14 @@ def attempt_begin(job: Job, token) -> JobAttempt | None:
 def attempt_open(job: Job, worker: str) -> JobAttempt:
     """Open the attempt of a job whose lease `worker` holds (attempt_begin, or a handover,
     whose claim took the lease in this transaction)."""
-    attempt = JobAttempt(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
     if job.active_provider_id:
         # What the history names it by, from the row in hand (a slot's job: its
-        # provider is the one whose slot it holds); otherwise save() looks it up.
+        # provider is the one whose slot it holds), and its number worked out in the
+        # insert (attempt_number); otherwise save() looks them up.
+        attempt = JobAttempt(job=job, worker=worker, task_id=job.task_id)
         attempt.provider_id, attempt.owner_id, attempt.queued_at = job.active_provider_id, job.owner_id, job.queued_at
-        return hot_sql.insert(attempt)
+        return hot_sql.insert_attempt(attempt, started_before=job.queued_at or None, run_attempts=max(job.attempts, 1))
+    attempt = JobAttempt(job=job, number=attempt_number(job), worker=worker, task_id=job.task_id)
     attempt.save(force_insert=True)
     return attempt
 

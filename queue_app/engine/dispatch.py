@@ -125,17 +125,18 @@ def _claim_rows(
     skip_locked: bool = False,
     into_slot: int | None = None,
     lease_owner: str = "",
-    used: set[int] | None = None,
+    busy: int = 0,
 ) -> list[tuple]:
     """_claim_free_slots, returning [(job, token)]: each job as it now stands in the
     database, but for its lease's expiry (the database's clock). `into_slot`: claim at
     most one job, into that slot (a handover's: the slot its own job left), under
-    `lease_owner`'s lease. `used`: the slots in use, when the caller has just read them."""
-    if used is None:
+    `lease_owner`'s lease, with `busy` slots held besides."""
+    if into_slot is None:
         used = hot_sql.slots_in_use(provider.id)
+        busy = len(used)
     # After the limit was lowered, running work may sit in slots above it: the
     # count of held slots caps the claims, not only which low numbers are free.
-    room = provider.concurrency - len(used)
+    room = provider.concurrency - busy
     if room <= 0:
         return []
     if into_slot is not None:
@@ -145,7 +146,7 @@ def _claim_rows(
     # concurrency of millions must not build a list of millions here).
     candidates = hot_sql.dispatchable_with_projects(
         provider.id,
-        projects=hot_sql.project_ids(provider.id),
+        projects=None,
         excluded_kinds=runners.kinds(),
         limit=room,
         skip_locked=skip_locked,
@@ -219,17 +220,16 @@ class Handover:
                 if vacated_slot is None:
                     claimed = _claim_rows(provider, hold_one=self.carry_on, skip_locked=True)
                 else:
-                    used = hot_sql.slots_in_use(provider.id)
                     claimed = _claim_rows(
                         provider,
                         hold_one=self.carry_on,
                         skip_locked=True,
                         into_slot=vacated_slot,
                         lease_owner=worker,
-                        used=used,
+                        busy=provider.busy_slots,
                     )
                     # Room beyond the vacated slot: a dispatch after commit fills it.
-                    more_room = bool(claimed) and provider.concurrency - len(used) > 1
+                    more_room = bool(claimed) and provider.concurrency - provider.busy_slots > 1
                 if claimed and self.carry_on:
                     held = self._open(*claimed[0], worker=worker, lease_taken=vacated_slot is not None)
         except IntegrityError:

@@ -114,18 +114,23 @@ def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> list[Projec
         by_project[project_id].append((kind, job_id, status, payload))
     if not by_project:
         return []
-    last = _bump_many({project_id: len(group) for project_id, group in by_project.items()})
-    rows = []
+    counts = {project_id: len(group) for project_id, group in by_project.items()}
+    rows, offsets = [], []
     for project_id in sorted(by_project):
-        group = by_project[project_id]
-        first = last[project_id] - len(group) + 1
-        rows += [
-            ProjectEvent(
-                project_id=project_id, seq=first + offset, kind=kind, job_id=job_id, status=status or "", payload=payload or {}
+        for offset, (kind, job_id, status, payload) in enumerate(by_project[project_id]):
+            rows.append(
+                ProjectEvent(project_id=project_id, seq=0, kind=kind, job_id=job_id, status=status or "", payload=payload or {})
             )
-            for offset, (kind, job_id, status, payload) in enumerate(group)
-        ]
-    hot_sql.insert_many(rows)
+            offsets.append(offset)
+    if connection.vendor == "postgresql":
+        # One statement for both (the handover's last before its commit).
+        last = _bump_and_insert(counts, rows, offsets)
+    else:
+        last = _bump_many(counts)
+    for row, offset in zip(rows, offsets, strict=True):
+        row.seq = last[row.project_id] - counts[row.project_id] + 1 + offset
+    if connection.vendor != "postgresql":
+        hot_sql.insert_many(rows)
     transaction.on_commit(lambda: broadcast(rows))
     return rows
 
@@ -143,6 +148,38 @@ def _bump_many(counts: dict[int, int]) -> dict[int, int]:
             params,
         )
         return dict(cursor.fetchall())
+
+
+def _bump_and_insert(counts: dict[int, int], rows: list[ProjectEvent], offsets: list[int]) -> dict[int, int]:
+    """PostgreSQL: _bump_many and the insert of `rows` (in project id order, each at its
+    `offset` within its project's) in one statement, a data-modifying WITH whose counter
+    upsert the insert numbers its rows from. Returns {project: last}, as _bump_many."""
+    counter, table = EventCounter._meta.db_table, ProjectEvent._meta.db_table
+    quote = connection.ops.quote_name
+    project_ids = sorted(counts)
+    fields = [f for f in ProjectEvent._meta.concrete_fields if not f.primary_key]
+    names = [quote(f.column) for f in fields]
+    # `seq` carries how many of its project's rows come after it, until the counter says.
+    picked = [f"c.last - v.{name}" if f.name == "seq" else f"v.{name}" for f, name in zip(fields, names, strict=True)]
+    row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    params = [value for project_id in project_ids for value in (project_id, counts[project_id])]
+    for event, offset in zip(rows, offsets, strict=True):
+        event.seq = counts[event.project_id] - 1 - offset
+        params += [f.get_db_prep_save(f.pre_save(event, add=True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH c AS (INSERT INTO {counter} (project_id, last) VALUES {', '.join(['(%s, %s)'] * len(project_ids))} "
+            f"ON CONFLICT (project_id) DO UPDATE SET last = {counter}.last + excluded.last RETURNING project_id, last) "
+            f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(picked)} "
+            f"FROM (VALUES {', '.join([row] * len(rows))}) AS v ({', '.join(names)}) "
+            "JOIN c ON c.project_id = v.project_id RETURNING project_id, seq",
+            params,
+        )
+        returned = cursor.fetchall()
+    last = {}
+    for project_id, seq in returned:
+        last[project_id] = max(seq, last.get(project_id, seq))
+    return last
 
 
 def as_message(event: ProjectEvent) -> dict:

@@ -47,10 +47,22 @@ def lock_provider(provider_id: int, *, shared: bool = False) -> Provider | None:
     which serialises claims and does not block inserts of jobs that reference it; with
     `shared`, FOR SHARE, which handovers take together (each refills only the slot its own
     job leaves) and which a claim, a cool-down or an edit of the provider waits for. SQLite's
-    IMMEDIATE transaction already holds the database's one write lock."""
+    IMMEDIATE transaction already holds the database's one write lock.
+
+    With `shared`, the row also carries `busy_slots`: how many of its jobs are processing,
+    as this transaction sees them. A handover needs only that count (it refills the slot
+    it left), and reading it here saves a statement. After a wait for the lock the count
+    may be from before the wait; each job that left meanwhile refilled its own slot, and
+    a dispatch after commit fills any room left."""
     now, now_params = now_sql(connection.vendor)
+    busy = ""
+    if shared:
+        busy = (
+            f", (SELECT COUNT(*) FROM {Job._meta.db_table} j WHERE j.active_provider_id = "
+            f"{Provider._meta.db_table}.id AND j.status = '{Status.PROCESSING.value}') AS busy_slots"
+        )
     sql = (
-        f"SELECT * FROM {Provider._meta.db_table} WHERE id = %s AND paused = %s "
+        f"SELECT *{busy} FROM {Provider._meta.db_table} WHERE id = %s AND paused = %s "
         f"AND (cooldown_until IS NULL OR cooldown_until <= {now})"
     )
     if connection.vendor == "postgresql":
@@ -74,27 +86,74 @@ def project_ids(provider_id: int) -> list[int]:
 def highest_attempt_number(job_id, *, started_before=None) -> int:
     """The highest attempt number of the job's attempts (those started before
     `started_before`, when given), 0 when there is none."""
-    sql = f"SELECT MAX(number) FROM {JobAttempt._meta.db_table} WHERE job_id = %s"
+    sql, params = _highest_attempt_sql(job_id, started_before)
+    [(top,)] = _rows(f"SELECT {sql}", params)
+    return top
+
+
+def _highest_attempt_sql(job_id, started_before) -> tuple[str, list]:
+    sql = f"COALESCE((SELECT MAX(number) FROM {JobAttempt._meta.db_table} WHERE job_id = %s"
     params = [_param(Job, "id", job_id)]
     if started_before is not None:
         sql += " AND started_at < %s"
         params.append(_param(JobAttempt, "started_at", started_before))
-    [(top,)] = _rows(sql, params)
-    return top or 0
+    return sql + "), 0)", params
+
+
+def insert_attempt(attempt, *, started_before, run_attempts: int):
+    """insert(attempt), numbered in the same statement: after the highest number of the
+    job's attempts started before `started_before`, plus `run_attempts` (attempts.attempt_number)."""
+    sql, params = _highest_attempt_sql(attempt.job_id, started_before)
+    return insert(attempt, computed={"number": (f"{sql} + %s", [*params, run_attempts])})
 
 
 def album_usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
     """outputs.usage_bytes and outputs.storage_limit in one statement: the bytes of the
-    user's album items (but the job `excluding_job`'s) and their storage limit. The output
-    writer asks on every completion, inside its transaction."""
-    sql = f"SELECT (SELECT SUM(size) FROM {AlbumItem._meta.db_table} WHERE owner_id = %s"
-    params = [user_id]
-    if excluding_job is not None:
-        sql += " AND (job_id IS NULL OR job_id <> %s)"
-        params.append(_param(Job, "id", excluding_job))
-    sql += f"), (SELECT storage_limit_bytes FROM {AccountSettings._meta.db_table} WHERE user_id = %s ORDER BY id LIMIT 1)"
-    [(used, limit)] = _rows(sql, [*params, user_id])
+    user's album items (but the job `excluding_job`'s) and their storage limit."""
+    if excluding_job is None:
+        sql, params = _usage_and_limit_sql("%s", None), [user_id, user_id]
+    else:
+        sql, params = _usage_and_limit_sql("%s", "%s"), [user_id, _param(Job, "id", excluding_job), user_id]
+    [(used, limit)] = _rows(f"SELECT {sql}", params)
+    return _usage_and_limit(used, limit)
+
+
+def _usage_and_limit_sql(owner: str, job: str | None) -> str:
+    # `owner` and `job`: SQL naming the user and the job left out (a placeholder, or a
+    # column of the statement around it).
+    sql = f"(SELECT SUM(size) FROM {AlbumItem._meta.db_table} WHERE owner_id = {owner}"
+    if job is not None:
+        sql += f" AND (job_id IS NULL OR job_id <> {job})"
+    limit = f"SELECT storage_limit_bytes FROM {AccountSettings._meta.db_table} WHERE user_id = {owner} ORDER BY id LIMIT 1"
+    return f"{sql}), ({limit})"
+
+
+def _usage_and_limit(used, limit) -> tuple[int, int]:
     return int(used or 0), limit if limit is not None else settings.DEFAULT_STORAGE_LIMIT_BYTES
+
+
+def job_to_complete(fence: dict):
+    """The output writer's first read, in one statement: the job under its fence, locked
+    until commit (FOR UPDATE on PostgreSQL), with its owner's album usage (but this job's
+    items) and storage limit, and whether the job has album items already (a retry of a
+    completed job replaces them). (job, used, limit, has_items), or None when the fence
+    no longer holds. The reads beside the row are as of the statement's start: a wait
+    for the row lock ends with the fence failing if anyone changed the job meanwhile, and
+    only the job's lease holder writes its items."""
+    table, columns, names, converters = _shape(Job, connection.vendor)
+    quota = _usage_and_limit_sql(f"{table}.owner_id", f"{table}.id")
+    has_items = f"EXISTS (SELECT 1 FROM {AlbumItem._meta.db_table} WHERE job_id = {table}.id)"
+    condition, params = _where(Job, fence)
+    sql = f"SELECT {columns}, {quota}, {has_items} FROM {table} WHERE {condition}"
+    if connection.vendor == "postgresql":
+        sql += " FOR UPDATE"
+    rows = _rows(sql, params)
+    if not rows:
+        return None
+    row, split = rows[0], len(names)
+    job = Job.from_db(connection.alias, names, _converted(row[:split], converters))
+    used, limit = _usage_and_limit(*row[split : split + 2])
+    return job, used, limit, bool(row[split + 2])
 
 
 def _converters(model, alias: str) -> list[tuple]:
@@ -139,7 +198,13 @@ HEAD_MAX_PROJECTS = 50
 
 
 def dispatchable_with_projects(
-    provider_id: int, *, projects: list[int], excluded_kinds: list[str], limit: int, skip_locked: bool, margin: int = 16
+    provider_id: int,
+    *,
+    projects: list[int] | None,
+    excluded_kinds: list[str],
+    limit: int,
+    skip_locked: bool,
+    margin: int = 16,
 ) -> list[Job]:
     """dispatch.dispatchable_jobs(provider_id).select_related("project")[:limit], each job
     with its project in hand, oldest started first; with `skip_locked`, rows another
@@ -154,12 +219,18 @@ def dispatchable_with_projects(
     and 73 ms on SQLite; from the heads 2.7 and 1.9 ms, bench/claim_backlog.py). When the
     heads leave fewer than `limit` (the queue is nearly empty, or others hold them), every
     pending job is read, as before. `margin`: how many others may be claiming from the
-    same heads at once."""
+    same heads at once. `projects`: the provider's projects (project_ids), or None to
+    have them read here; on PostgreSQL the heads' statement then reads them itself
+    (a LATERAL arm per project), one statement fewer a claim."""
+    if projects is None and connection.vendor != "postgresql":
+        projects = project_ids(provider_id)
     jobs = []
-    if len(projects) <= HEAD_MAX_PROJECTS:
+    if projects is None or len(projects) <= HEAD_MAX_PROJECTS:
         head = limit + min(margin, HEAD_MARGIN_MAX)
         jobs = _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, head=head)
     if len(jobs) < limit:
+        if projects is None:
+            projects = project_ids(provider_id)
         jobs = _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, head=None)
     return jobs
 
@@ -213,13 +284,21 @@ def _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, *, he
     return jobs
 
 
-def _heads(table: str, provider_id: int, projects: list[int], now: str, now_params, head: int) -> tuple[str, list]:
+def _heads(table: str, provider_id: int, projects: list[int] | None, now: str, now_params, head: int) -> tuple[str, list]:
     """The ids at the head of each queue that feeds the provider, `head` of each, each read
-    in dispatch order from its partial index: (SQL, parameters)."""
+    in dispatch order from its partial index: (SQL, parameters). `projects` None: the
+    provider's projects are read by the statement (PostgreSQL's LATERAL)."""
     due = f"(not_before IS NULL OR not_before <= {now})"
     order = "ORDER BY queued_at ASC, created_at ASC, id ASC LIMIT %s"
     arms = [f"SELECT id FROM (SELECT id FROM {table} WHERE status = {_PENDING} AND provider_id = %s AND {due} {order}) h0"]
     params = [provider_id, *now_params, head]
+    if projects is None:
+        arms.append(
+            f"SELECT h.id FROM {Project._meta.db_table} pr CROSS JOIN LATERAL (SELECT id FROM {table} "
+            f"WHERE status = {_PENDING} AND provider_id IS NULL AND project_id = pr.id AND {due} {order}) h "
+            "WHERE pr.provider_id = %s"
+        )
+        return " UNION ALL ".join(arms), [*params, *now_params, head, provider_id]
     for n, project_id in enumerate(projects, start=1):
         arms.append(
             f"SELECT id FROM (SELECT id FROM {table} WHERE status = {_PENDING} AND provider_id IS NULL "
@@ -283,20 +362,33 @@ def update(model, where: dict, values: dict) -> int:
         return statement.rowcount
 
 
-def insert(obj):
+def insert(obj, *, computed: dict | None = None):
     """obj.save(force_insert=True) for a model with an automatic id, without its save():
-    the fields' defaults and auto_now values are applied as save() would (pre_save)."""
+    the fields' defaults and auto_now values are applied as save() would (pre_save).
+    `computed`: {field name: (SQL, parameters)} for values the database works out in the
+    same statement; they are read back into `obj`."""
     model = type(obj)
     quote = connection.ops.quote_name
+    computed = computed or {}
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    values = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    placeholders, values = [], []
+    for f in fields:
+        if f.name in computed:
+            sql, params = computed[f.name]
+            placeholders.append(f"({sql})")
+            values += params
+        else:
+            placeholders.append("%s")
+            values.append(f.get_db_prep_save(f.pre_save(obj, add=True), connection))
     pk = model._meta.pk
+    back = [pk, *(model._meta.get_field(name) for name in computed)]
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(pk.column)}"
+        f"VALUES ({', '.join(placeholders)}) RETURNING {', '.join(quote(f.column) for f in back)}"
     )
-    [(new_id,)] = _rows(sql, values)
-    setattr(obj, pk.attname, new_id)
+    [row] = _rows(sql, values)
+    for field, value in zip(back, row, strict=True):
+        setattr(obj, field.attname, field.to_python(value))
     obj._state.adding, obj._state.db = False, connection.alias
     return obj
 

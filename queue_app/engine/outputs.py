@@ -236,12 +236,12 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
     with transaction.atomic(), events.batched():
         # The row lock (PostgreSQL) or the write lock (SQLite) holds off a heal, clear or
         # retry until we commit: between this check and the commit the job stays ours.
-        found = hot_sql.select(Job, lock="FOR UPDATE", **fence(job.id, token))
-        if not found:
+        found = hot_sql.job_to_complete(fence(job.id, token))
+        if found is None:
             raise Fenced(job.id)
-        locked = found[0]
-        _check_quota(job, prepared)
-        replaced_files = _upsert_items(locked, prepared, placed)
+        locked, used, limit, has_items = found
+        _check_quota(prepared, used, limit)
+        replaced_files = _upsert_items(locked, prepared, placed, has_items=has_items)
         failpoints.hit("after_album_before_complete")
         if not transitions.job_complete(job.id, token, held=locked):
             raise Fenced(job.id)
@@ -252,10 +252,9 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         transaction.on_commit(lambda: remove_files(replaced_files))
 
 
-def _check_quota(job: Job, prepared: list[Prepared]) -> None:
-    """With the real sizes: the owner's other items plus these must fit the limit."""
+def _check_quota(prepared: list[Prepared], used: int, limit: int) -> None:
+    """With the real sizes: the owner's other items (`used`) plus these must fit the limit."""
     new_bytes = sum(item.size for item in prepared)
-    used, limit = hot_sql.album_usage_and_limit(job.owner_id, excluding_job=job.id)
     if used + new_bytes > limit:
         raise QuotaExceeded(
             f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "
@@ -263,10 +262,11 @@ def _check_quota(job: Job, prepared: list[Prepared]) -> None:
         )
 
 
-def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path]) -> list[str]:
+def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path], *, has_items: bool) -> list[str]:
     """Rename the files into place and write one album item per output index; items of
-    indexes the new result no longer has go. Returns the files no item names any more."""
-    existing = {item.output_index: item for item in hot_sql.select(AlbumItem, job_id=job.id)}
+    indexes the new result no longer has go. Returns the files no item names any more.
+    `has_items`: whether the job has items already (most have none to read)."""
+    existing = {item.output_index: item for item in hot_sql.select(AlbumItem, job_id=job.id)} if has_items else {}
     replaced_files = []
     for index, item in enumerate(prepared):
         old = existing.get(index)
