@@ -2,10 +2,12 @@
 documented promises, one or two tests each. Minutes are a controlled clock (`now=`)."""
 
 import base64
+import threading
 import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from comfy_app import client as comfy
@@ -225,6 +227,117 @@ def test_a_submission_that_died_before_posting_is_posted_once_with_its_stored_id
     drive(instance, inline_tasks, done(job), now=timezone.now() + timedelta(seconds=60))
     assert job_of(job).status == Status.COMPLETED
     assert [p["prompt_id"] for p in fake.posted] == [stored]
+
+
+# --- recovery of claims after a restart of our own processes ----------------------------
+
+
+def lease_of(job) -> tuple:
+    return Job.objects.values_list("lease_owner", "lease_token", "lease_expires_at").get(id=job.id)
+
+
+def submissions(inline_tasks) -> list[str]:
+    """The lease tokens of the submissions waiting in the broker."""
+    return [args[1] for func, args in inline_tasks.queue if func == "comfy_app.tasks.submit_prompt"]
+
+
+def test_recovery_leaves_a_claim_waiting_in_the_broker_to_its_worker(owner, fake, inline_tasks):
+    project, instance = comfy_project(owner, fake)
+    [job] = start(owner, project)  # claimed: no owner yet, its submission waits in the broker
+    claimed = lease_of(job)
+    assert claimed[0] == "" and claimed[2] > timezone.now() and submissions(inline_tasks) == [str(claimed[1])]
+    assert runner.ComfyRunner().recover() == 1
+    assert lease_of(job) == claimed
+    check.check_instance(instance.id)
+    assert lease_of(job) == claimed, "the check handed the waiting claim out again"
+    assert submissions(inline_tasks) == [str(claimed[1])]
+    drive(instance, inline_tasks, done(job))
+    assert job_of(job).status == Status.COMPLETED
+    assert [p["prompt_id"] for p in fake.posted] == [job_of(job).task_id]
+
+
+def test_a_claim_recovery_left_waiting_is_posted_once_when_its_worker_takes_it_during_a_check(
+    owner, fake, inline_tasks, monkeypatch
+):
+    # The interleaving that posted a prompt twice when recovery adopted a waiting claim:
+    # the check reads the runs, and while it asks /queue the broker hands the claim to a
+    # worker, which stores the prompt id and is still posting when the check moves on.
+    from django.utils.module_loading import import_string
+
+    project, instance = comfy_project(owner, fake)
+    fake.plan(Script(seconds=0.05))
+    [job] = start(owner, project)
+    [(func, args)] = inline_tasks.queue
+    inline_tasks.queue.clear()
+    assert runner.ComfyRunner().recover() == 1
+
+    posting, go = threading.Event(), threading.Event()
+    post, queue = comfy.ComfyClient.post_prompt, comfy.ComfyClient.queue
+
+    def the_worker():
+        try:
+            import_string(func)(*args)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=the_worker)
+
+    def post_slowly(self, graph, **kwargs):
+        if threading.current_thread() is worker:
+            posting.set()
+            go.wait(10)
+        return post(self, graph, **kwargs)
+
+    def queue_while_the_worker_takes_the_claim(self):
+        if threading.current_thread() is not worker and not worker.is_alive() and not posting.is_set():
+            worker.start()
+            assert posting.wait(10), "the worker never got to post"
+        return queue(self)
+
+    monkeypatch.setattr(comfy.ComfyClient, "post_prompt", post_slowly)
+    monkeypatch.setattr(comfy.ComfyClient, "queue", queue_while_the_worker_takes_the_claim)
+    try:
+        check.check_instance(instance.id)
+        inline_tasks.run()  # whatever the check handed out runs while the worker is mid-post
+    finally:
+        go.set()
+        worker.join(10)
+    prompt_id = job_of(job).task_id
+    assert prompt_id and [p["prompt_id"] for p in fake.posted] == [prompt_id]
+    drive(instance, inline_tasks, done(job))
+    assert job_of(job).status == Status.COMPLETED and len(fake.posted) == 1
+
+
+def test_recovery_takes_back_an_unowned_claim_whose_lease_has_ended(owner, fake, inline_tasks):
+    project, instance = comfy_project(owner, fake)
+    fake.drop_next(1)  # the POST's connection drops: the submission gives its claim back (no owner, lease ended)
+    [job] = start(owner, project)
+    inline_tasks.run()
+    given_back = lease_of(job)
+    assert given_back[0] == "" and given_back[2] <= timezone.now() and fake.posted == []
+    assert runner.ComfyRunner().recover() == 1
+    check.check_instance(instance.id)
+    [token] = submissions(inline_tasks)
+    assert token != str(given_back[1])  # handed out again, the old hand-off fenced out
+    drive(instance, inline_tasks, done(job))
+    assert job_of(job).status == Status.COMPLETED
+    assert [p["prompt_id"] for p in fake.posted] == [job_of(job).task_id]
+
+
+def test_recovery_takes_back_a_claim_whose_owner_died_before_its_lease_ended(owner, fake, inline_tasks):
+    import socket
+
+    project, instance = comfy_project(owner, fake)
+    [job] = start(owner, project)
+    inline_tasks.queue.clear()  # a worker took the submission and was killed before posting
+    dead = f"{socket.gethostname()}:999999"
+    Job.objects.filter(id=job.id).update(lease_owner=dead, lease_expires_at=timezone.now() + timedelta(minutes=1))
+    assert runner.ComfyRunner().recover() == 1
+    assert lease_of(job)[2] <= timezone.now()
+    check.check_instance(instance.id)
+    assert len(submissions(inline_tasks)) == 1, "the dead worker's claim was not handed out again"
+    drive(instance, inline_tasks, done(job))
+    assert job_of(job).status == Status.COMPLETED and len(fake.posted) == 1
 
 
 def test_history_entries_are_matched_to_the_run_not_just_the_prompt_id(owner, fake, inline_tasks):
