@@ -294,13 +294,16 @@ def _check_missing(run: ComfyRun) -> Checked:
 
 
 def _lost_to_restart(client, run: ComfyRun, back_at) -> bool:
-    """Whether the instance restarted after we posted this (now forgotten) prompt: it was
-    seen down and back since, or — on the second missing check in a row, past the moment
-    where a finishing prompt's history can lag — its prompt counter started again below
+    """Whether the instance restarted after we posted this (now forgotten) prompt, asked
+    only on the second missing check in a row, past the moment where a finishing prompt's
+    history can lag (a prompt that was in flight across an outage finishes like any
+    other): it was seen down and back since, or its prompt counter started again below
     our prompt's number."""
+    if run.missing_checks < 1:
+        return False
     if back_at and run.posted_at and run.posted_at < back_at:
         return True
-    if run.remote_number is None or run.missing_checks < 1:
+    if run.remote_number is None:
         return False
     try:
         highest = client.highest_number()
