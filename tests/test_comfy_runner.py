@@ -340,6 +340,54 @@ def test_recovery_takes_back_a_claim_whose_owner_died_before_its_lease_ended(own
     assert job_of(job).status == Status.COMPLETED and len(fake.posted) == 1
 
 
+def test_a_check_hands_out_no_claim_that_a_worker_took_after_its_lease_ended(owner, fake, inline_tasks, monkeypatch):
+    from django.utils.module_loading import import_string
+
+    project, instance = comfy_project(owner, fake)
+    fake.plan(Script(seconds=0.05))
+    [job] = start(owner, project)
+    [(func, args)] = inline_tasks.queue
+    inline_tasks.queue.clear()
+    # The claim's lease ran out while its task waited behind others in the broker; the
+    # check reads it ended, and while it reads ComfyUI's queue a worker takes the task and
+    # starts posting the prompt.
+    Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    posting, go = threading.Event(), threading.Event()
+    post, queue = comfy.ComfyClient.post_prompt, comfy.ComfyClient.queue
+
+    def the_worker():
+        try:
+            import_string(func)(*args)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=the_worker)
+
+    def post_slowly(self, graph, **kwargs):
+        if threading.current_thread() is worker:
+            posting.set()
+            go.wait(10)
+        return post(self, graph, **kwargs)
+
+    def worker_takes_it_during_the_queue_read(self):
+        if threading.current_thread() is not worker and not worker.is_alive() and not posting.is_set():
+            worker.start()
+            assert posting.wait(10)
+        return queue(self)
+
+    monkeypatch.setattr(comfy.ComfyClient, "post_prompt", post_slowly)
+    monkeypatch.setattr(comfy.ComfyClient, "queue", worker_takes_it_during_the_queue_read)
+    try:
+        check.check_instance(instance.id)
+        handed_out = list(inline_tasks.queue)
+        inline_tasks.run()
+    finally:
+        go.set()
+        worker.join(10)
+    assert handed_out == []
+    assert len(fake.posted) == 1
+
+
 def test_history_entries_are_matched_to_the_run_not_just_the_prompt_id(owner, fake, inline_tasks):
     project, instance = comfy_project(owner, fake)
     fake.plan(Script(seconds=0.5))

@@ -176,11 +176,14 @@ def _resume_stale(runs: list, now) -> None:
                     keep_task_id=True,
                 )
                 continue
-            token = lease_reissue(job.id, job.lease_token, hold=timedelta(seconds=settings.CLAIM_TTL_SECONDS))
+            # Read ended at the check's start: a worker may have taken the claim since
+            # (it waited in the broker) and be posting its prompt now.
+            hold = timedelta(seconds=settings.CLAIM_TTL_SECONDS)
+            token = lease_reissue(job.id, job.lease_token, hold=hold, if_over=True)
             if token:
                 enqueue.enqueue_task("comfy_app.tasks.submit_prompt", str(job.id), str(token))
         elif run.phase == Phase.COLLECTING:
-            hand_out_collection(job.id, job.lease_token)
+            hand_out_collection(job.id, job.lease_token, if_over=True)
 
 
 def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now) -> int:

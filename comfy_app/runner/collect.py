@@ -57,10 +57,11 @@ def download_limits() -> tuple[float, float]:
     )
 
 
-def hand_out_collection(job_id, token) -> bool:
+def hand_out_collection(job_id, token, *, if_over: bool = False) -> bool:
     """Enqueue a download under a fresh lease token (the old one, if a worker still holds
-    it, is fenced out). False when the job is no longer ours under `token`."""
-    new_token = lease_reissue(job_id, token, hold=COLLECT_CLAIM)
+    it, is fenced out). False when the job is no longer ours under `token`, or, with
+    `if_over`, when its lease has not ended (lease_reissue)."""
+    new_token = lease_reissue(job_id, token, hold=COLLECT_CLAIM, if_over=if_over)
     if new_token is None:
         return False
     enqueue.enqueue_task("comfy_app.tasks.collect_prompt", str(job_id), str(new_token))

@@ -44,12 +44,18 @@ def lease_renew(job_id, token) -> bool:
     return bool(Job.objects.fenced(job_id, token).update(lease_expires_at=lease_expiry()))
 
 
-def lease_reissue(job_id, token, *, hold: timedelta) -> uuid.UUID | None:
+def lease_reissue(job_id, token, *, hold: timedelta, if_over: bool = False) -> uuid.UUID | None:
     """A fresh lease token for work handed out again (a runner re-enqueues a submission or
     a download): the old task, if it still runs, is fenced out. Held for `hold` until a
-    worker takes it. None when the job is no longer ours under `token`."""
+    worker takes it. None when the job is no longer ours under `token`. `if_over`: only
+    when the lease has ended by the database's clock, for a caller that read it ended a
+    while ago: a worker that took the job since (its lease renewed, the token the same)
+    keeps it, instead of running beside the one handed out."""
     new_token = uuid.uuid4()
-    if Job.objects.fenced(job_id, token).update(lease_token=new_token, lease_owner="", lease_expires_at=Now() + hold):
+    jobs = Job.objects.fenced(job_id, token)
+    if if_over:
+        jobs = jobs.filter(lease_expires_at__lte=Now())
+    if jobs.update(lease_token=new_token, lease_owner="", lease_expires_at=Now() + hold):
         return new_token
     return None
 
