@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from queue_app.engine import dispatch, hot_sql, runners
+from queue_app.engine import dispatch, hot_sql, model_sql, runners
 from queue_app.models import Job, Project, Provider, Status
 from tests.conftest import is_postgres, make_drafts, make_project, make_provider
 
@@ -92,15 +92,15 @@ def test_an_insert_from_the_models_fields_stores_what_save_stores(owner):
         metadata={"model": "m", "n": [1, None]},
         prompt="ünïcode",
     )
-    written = hot_sql.insert(AlbumItem(output_index=0, **fields))
+    written = model_sql.insert(AlbumItem(output_index=0, **fields))
     saved = AlbumItem.objects.create(output_index=1, **fields)
     assert written.pk is not None and not written._state.adding
     skip = ("id", "output_index", "created_at", "updated_at")
     assert values_of(AlbumItem.objects.get(pk=written.pk), skip) == values_of(AlbumItem.objects.get(pk=saved.pk), skip)
     assert AlbumItem.objects.get(pk=written.pk).created_at is not None
-    [read] = hot_sql.select(AlbumItem, job_id=job.id, output_index=0)
+    [read] = model_sql.select(AlbumItem, job_id=job.id, output_index=0)
     assert values_of(read, ()) == values_of(AlbumItem.objects.get(pk=written.pk), ())
-    attempt = hot_sql.insert(JobAttempt(job=job, number=1, worker="w", owner_id=owner.id, provider_id=project.provider_id))
+    attempt = model_sql.insert(JobAttempt(job=job, number=1, worker="w", owner_id=owner.id, provider_id=project.provider_id))
     assert JobAttempt.objects.get(pk=attempt.pk).outcome == JobAttempt.Outcome.RUNNING
 
 
@@ -112,10 +112,10 @@ def test_an_update_from_the_models_fields_changes_what_the_orms_would(owner):
     Job.objects.filter(id=first.id).update(status=Status.PENDING, attempts=2)
     # equality, and None read as IS NULL, as filter(lease_token=None)
     fence = dict(id=first.id, lease_token=None, status=Status.PENDING)
-    assert hot_sql.update(Job, fence, dict(error="x", progress=0.5, not_before=None)) == 1
-    assert hot_sql.update(Job, dict(fence, status=Status.PROCESSING), dict(error="y")) == 0
+    assert model_sql.update(Job, fence, dict(error="x", progress=0.5, not_before=None)) == 1
+    assert model_sql.update(Job, dict(fence, status=Status.PROCESSING), dict(error="y")) == 0
     # an expression goes through the ORM
-    assert hot_sql.update(Job, fence, dict(attempts=F("attempts") - 1)) == 1
+    assert model_sql.update(Job, fence, dict(attempts=F("attempts") - 1)) == 1
     job = Job.objects.get(id=first.id)
     assert (job.error, job.progress, job.attempts) == ("x", 0.5, 1)
     assert Job.objects.get(id=second.id).error == ""
@@ -133,8 +133,8 @@ def test_many_rows_inserted_from_the_models_fields_are_what_bulk_create_stores(o
             for n in range(5)
         ]
 
-    monkeypatch.setattr(hot_sql, "INSERT_CHUNK", 2)  # three statements
-    hot_sql.insert_many(events(1))
+    monkeypatch.setattr(model_sql, "INSERT_CHUNK", 2)  # three statements
+    model_sql.insert_many(events(1))
     ProjectEvent.objects.bulk_create(events(101))
     stored = {event.seq: event for event in ProjectEvent.objects.filter(project=project)}
     skip = ("id", "seq", "created_at")

@@ -17,7 +17,7 @@ the highest number of the runs before it.
 from django.db import transaction
 from django.utils import timezone
 
-from queue_app.engine import heartbeats, hot_sql
+from queue_app.engine import heartbeats, hot_sql, model_sql
 from queue_app.engine.leases import lease_take
 from queue_app.models import Job, JobAttempt
 
@@ -62,7 +62,7 @@ def attempt_finish(attempt_id, outcome: Outcome, reason: str = "", task_id: str 
     fields = dict(finished_at=timezone.now(), outcome=outcome, reason=reason[:2000])
     if task_id:
         fields["task_id"] = task_id
-    return bool(hot_sql.update(JobAttempt, dict(id=attempt_id, outcome=Outcome.RUNNING), fields))
+    return bool(model_sql.update(JobAttempt, dict(id=attempt_id, outcome=Outcome.RUNNING), fields))
 
 
 def attempt_record(job: Job, *, outcome: Outcome, reason: str, worker: str) -> None:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from django.db import connection, transaction
 
-from queue_app.engine import hot_sql
+from queue_app.engine import model_sql
 from queue_app.models import EventCounter, ProjectEvent
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> list[Projec
     for row, offset in zip(rows, offsets, strict=True):
         row.seq = last[row.project_id] - counts[row.project_id] + 1 + offset
     if connection.vendor != "postgresql":
-        hot_sql.insert_many(rows)
+        model_sql.insert_many(rows)
     transaction.on_commit(lambda: broadcast(rows))
     return rows
 

@@ -7,11 +7,9 @@ writer's quota read went from 2.2 to 0.5 ms). Everything else goes through the O
 statement measured on the hot path (bench/throughput.py, slot turnover) earns a place here.
 Plain parameters only, so one text serves PostgreSQL and SQLite.
 
-Two kinds: reads with their own SQL (the slots in use, the claim's candidates, the quota),
-and `select`/`insert`/`update`, which write a plain statement from a model's own fields:
-the columns, the values as the field prepares them and the rows as the field converts them
-come from the model, so no column list is typed here twice. They take equality filters
-and plain values only; anything more goes through the ORM.
+Reads with their own SQL live here (the provider lock, the slots in use, the claim's
+candidates, the completing job with the quota); plain statements from a model's own
+fields are engine/model_sql.py's.
 """
 
 from functools import cache
@@ -20,13 +18,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
 
+from queue_app.engine import model_sql
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Provider, Status
-
-
-def _rows(sql: str, params: list) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
 
 
 def _param(model, field: str, value):
@@ -75,19 +68,19 @@ def slots_in_use(provider_id: int) -> set[int]:
     """The slot numbers this provider's processing jobs hold."""
     table = Job._meta.db_table
     sql = f"SELECT slot FROM {table} WHERE active_provider_id = %s AND status = %s"
-    return {slot for (slot,) in _rows(sql, [provider_id, Status.PROCESSING])}
+    return {slot for (slot,) in model_sql.fetch(sql, [provider_id, Status.PROCESSING])}
 
 
 def project_ids(provider_id: int) -> list[int]:
     """The projects whose default provider this is."""
-    return [pk for (pk,) in _rows(f"SELECT id FROM {Project._meta.db_table} WHERE provider_id = %s", [provider_id])]
+    return [pk for (pk,) in model_sql.fetch(f"SELECT id FROM {Project._meta.db_table} WHERE provider_id = %s", [provider_id])]
 
 
 def highest_attempt_number(job_id, *, started_before=None) -> int:
     """The highest attempt number of the job's attempts (those started before
     `started_before`, when given), 0 when there is none."""
     sql, params = _highest_attempt_sql(job_id, started_before)
-    [(top,)] = _rows(f"SELECT {sql}", params)
+    [(top,)] = model_sql.fetch(f"SELECT {sql}", params)
     return top
 
 
@@ -104,7 +97,7 @@ def insert_attempt(attempt, *, started_before, run_attempts: int):
     """insert(attempt), numbered in the same statement: after the highest number of the
     job's attempts started before `started_before`, plus `run_attempts` (attempts.attempt_number)."""
     sql, params = _highest_attempt_sql(attempt.job_id, started_before)
-    return insert(attempt, computed={"number": (f"{sql} + %s", [*params, run_attempts])})
+    return model_sql.insert(attempt, computed={"number": (f"{sql} + %s", [*params, run_attempts])})
 
 
 def album_usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
@@ -114,7 +107,7 @@ def album_usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int
         sql, params = _usage_and_limit_sql("%s", None), [user_id, user_id]
     else:
         sql, params = _usage_and_limit_sql("%s", "%s"), [user_id, _param(Job, "id", excluding_job), user_id]
-    [(used, limit)] = _rows(f"SELECT {sql}", params)
+    [(used, limit)] = model_sql.fetch(f"SELECT {sql}", params)
     return _usage_and_limit(used, limit)
 
 
@@ -140,30 +133,20 @@ def job_to_complete(fence: dict):
     no longer holds. The reads beside the row are as of the statement's start: a wait
     for the row lock ends with the fence failing if anyone changed the job meanwhile, and
     only the job's lease holder writes its items."""
-    table, columns, names, converters = _shape(Job, connection.vendor)
+    table, columns, names, converters = model_sql.shape(Job, connection.vendor)
     quota = _usage_and_limit_sql(f"{table}.owner_id", f"{table}.id")
     has_items = f"EXISTS (SELECT 1 FROM {AlbumItem._meta.db_table} WHERE job_id = {table}.id)"
-    condition, params = _where(Job, fence)
+    condition, params = model_sql.where_sql(Job, fence)
     sql = f"SELECT {columns}, {quota}, {has_items} FROM {table} WHERE {condition}"
     if connection.vendor == "postgresql":
         sql += " FOR UPDATE"
-    rows = _rows(sql, params)
+    rows = model_sql.fetch(sql, params)
     if not rows:
         return None
     row, split = rows[0], len(names)
-    job = Job.from_db(connection.alias, names, _converted(row[:split], converters))
+    job = Job.from_db(connection.alias, names, model_sql.converted(row[:split], converters))
     used, limit = _usage_and_limit(*row[split : split + 2])
     return job, used, limit, bool(row[split + 2])
-
-
-def _converters(model, alias: str) -> list[tuple]:
-    """Per concrete field of `model`, its column and the converters Django applies to its
-    value (the database's, then the field's), as a query of the ORM would."""
-    converters = []
-    for field in model._meta.concrete_fields:
-        column = field.get_col(alias)  # a foreign key's: typed as the key it points to
-        converters.append((column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)))
-    return converters
 
 
 @cache
@@ -175,18 +158,9 @@ def _candidates_shape(vendor: str) -> tuple[str, list, list, list, list]:
         columns,
         [f.attname for f in job_fields],
         [f.attname for f in project_fields],
-        _converters(Job, "j"),
-        _converters(Project, "p"),
+        model_sql.converters_of(Job, "j"),
+        model_sql.converters_of(Project, "p"),
     )
-
-
-def _converted(values, converters) -> list:
-    out = []
-    for value, (column, field_converters) in zip(values, converters, strict=True):
-        for convert in field_converters:
-            value = convert(value, column, connection)
-        out.append(value)
-    return out
 
 
 # Handovers claim side by side, one job each, as many at once as the provider's limit: the
@@ -277,9 +251,9 @@ def _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, *, he
         sql += " FOR UPDATE OF j SKIP LOCKED"
     split = len(job_names)
     jobs = []
-    for row in _rows(sql, params):
-        job = Job.from_db(connection.alias, job_names, _converted(row[:split], job_converters))
-        job.project = Project.from_db(connection.alias, project_names, _converted(row[split:], project_converters))
+    for row in model_sql.fetch(sql, params):
+        job = Job.from_db(connection.alias, job_names, model_sql.converted(row[:split], job_converters))
+        job.project = Project.from_db(connection.alias, project_names, model_sql.converted(row[split:], project_converters))
         jobs.append(job)
     return jobs
 
@@ -306,108 +280,3 @@ def _heads(table: str, provider_id: int, projects: list[int] | None, now: str, n
         )
         params += [project_id, *now_params, head]
     return " UNION ALL ".join(arms), params
-
-
-# --- Statements from a model's own fields -------------------------------------------------
-
-
-@cache
-def _shape(model, vendor: str) -> tuple[str, str, list, list]:
-    """(table, its columns, their attnames, their converters) for `model` on this database."""
-    fields = model._meta.concrete_fields
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    columns = ", ".join(f"{table}.{quote(f.column)}" for f in fields)
-    return table, columns, [f.attname for f in fields], _converters(model, model._meta.db_table)
-
-
-def _where(model, where: dict) -> tuple[str, list]:
-    quote, sql, params = connection.ops.quote_name, [], []
-    for name, value in where.items():
-        field = model._meta.get_field(name)
-        if value is None:  # as the ORM reads filter(name=None)
-            sql.append(f"{quote(field.column)} IS NULL")
-            continue
-        sql.append(f"{quote(field.column)} = %s")
-        params.append(field.get_db_prep_value(value, connection))
-    return " AND ".join(sql), params
-
-
-def select(model, *, lock: str = "", **where) -> list:
-    """model.objects.filter(**where) as instances, `lock` ("FOR UPDATE", …) on PostgreSQL."""
-    table, columns, names, converters = _shape(model, connection.vendor)
-    condition, params = _where(model, where)
-    sql = f"SELECT {columns} FROM {table} WHERE {condition}"
-    if lock and connection.vendor == "postgresql":
-        sql += f" {lock}"
-    return [model.from_db(connection.alias, names, _converted(row, converters)) for row in _rows(sql, params)]
-
-
-def update(model, where: dict, values: dict) -> int:
-    """model.objects.filter(**where).update(**values): rows changed. Values that are
-    expressions (F("attempts") - 1) go through the ORM."""
-    if any(hasattr(value, "resolve_expression") for value in values.values()):
-        return model.objects.filter(**where).update(**values)
-    quote = connection.ops.quote_name
-    assignments, params = [], []
-    for name, value in values.items():
-        field = model._meta.get_field(name)
-        assignments.append(f"{quote(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    condition, where_params = _where(model, where)
-    with connection.cursor() as statement:
-        statement.execute(
-            f"UPDATE {quote(model._meta.db_table)} SET {', '.join(assignments)} WHERE {condition}", params + where_params
-        )
-        return statement.rowcount
-
-
-def insert(obj, *, computed: dict | None = None):
-    """obj.save(force_insert=True) for a model with an automatic id, without its save():
-    the fields' defaults and auto_now values are applied as save() would (pre_save).
-    `computed`: {field name: (SQL, parameters)} for values the database works out in the
-    same statement; they are read back into `obj`."""
-    model = type(obj)
-    quote = connection.ops.quote_name
-    computed = computed or {}
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    placeholders, values = [], []
-    for f in fields:
-        if f.name in computed:
-            sql, params = computed[f.name]
-            placeholders.append(f"({sql})")
-            values += params
-        else:
-            placeholders.append("%s")
-            values.append(f.get_db_prep_save(f.pre_save(obj, add=True), connection))
-    pk = model._meta.pk
-    back = [pk, *(model._meta.get_field(name) for name in computed)]
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES ({', '.join(placeholders)}) RETURNING {', '.join(quote(f.column) for f in back)}"
-    )
-    [row] = _rows(sql, values)
-    for field, value in zip(back, row, strict=True):
-        setattr(obj, field.attname, field.to_python(value))
-    obj._state.adding, obj._state.db = False, connection.alias
-    return obj
-
-
-def insert_many(objs: list) -> None:
-    """Model.objects.bulk_create(objs) in one statement, for rows nobody reads back by id
-    (their ids stay unset in hand)."""
-    if not objs:
-        return
-    model = type(objs[0])
-    quote = connection.ops.quote_name
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    row = f"({', '.join(['%s'] * len(fields))})"
-    head = f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
-    with connection.cursor() as statement:
-        for start in range(0, len(objs), INSERT_CHUNK):
-            chunk = objs[start : start + INSERT_CHUNK]
-            params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in chunk for f in fields]
-            statement.execute(head + ", ".join([row] * len(chunk)), params)
-
-
-INSERT_CHUNK = 500  # rows a statement: well within both databases' limits on parameters

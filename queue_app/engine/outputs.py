@@ -30,7 +30,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from queue_app.engine import events, failpoints, hot_sql, media, transitions
+from queue_app.engine import events, failpoints, hot_sql, media, model_sql, transitions
 from queue_app.engine.attempts import attempt_finish
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, fence
 from queue_app.providers import net
@@ -266,7 +266,7 @@ def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path], *, has
     """Rename the files into place and write one album item per output index; items of
     indexes the new result no longer has go. Returns the files no item names any more.
     `has_items`: whether the job has items already (most have none to read)."""
-    existing = {item.output_index: item for item in hot_sql.select(AlbumItem, job_id=job.id)} if has_items else {}
+    existing = {item.output_index: item for item in model_sql.select(AlbumItem, job_id=job.id)} if has_items else {}
     replaced_files = []
     for index, item in enumerate(prepared):
         old = existing.get(index)
@@ -282,7 +282,7 @@ def _upsert_items(job: Job, prepared: list[Prepared], placed: list[Path], *, has
         if old is not None:
             AlbumItem.objects.filter(pk=old.pk).update(**fields, updated_at=timezone.now())
         else:
-            hot_sql.insert(AlbumItem(job_id=job.id, output_index=index, **fields))
+            model_sql.insert(AlbumItem(job_id=job.id, output_index=index, **fields))
     # A retried job overwrites its outputs: layers the new result no longer has go.
     for index, old in existing.items():
         if index >= len(prepared):

@@ -29,7 +29,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import events, failpoints, hot_sql, runs
+from queue_app.engine import events, failpoints, model_sql, runs
 from queue_app.engine.attempts import attempt_finish, attempts_cancel, attempts_interrupt
 from queue_app.engine.clock import db_now
 from queue_app.engine.leases import lease_expiry
@@ -254,7 +254,7 @@ def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict
             job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
         if not job:
             return False
-        if not hot_sql.update(Job, fence(job_id, token), dict(status=new_status, **SLOT_RELEASED, **fields)):
+        if not model_sql.update(Job, fence(job_id, token), dict(status=new_status, **SLOT_RELEASED, **fields)):
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
         # The freed slot is the provider's; only a job without one (a runner's: ComfyUI)

@@ -1,0 +1,141 @@
+"""Plain statements written from a model's own fields, for the hot path (engine/hot_sql.py
+says why it does without Django's statement building there).
+
+`select` / `insert` / `insert_many` / `update` take the table, the columns, each value as
+the field prepares it (`get_db_prep_save` / `get_db_prep_value`) and each row as the field
+converts it (the converters of `field.get_col()`) from the model, so no column list is
+typed twice. They take equality filters and plain values only; anything more goes through
+the ORM. `fetch`, `shape`, `converters_of` and `converted` are the parts hot_sql's own
+reads build on.
+"""
+
+from functools import cache
+
+from django.db import connection
+
+
+def fetch(sql: str, params: list) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def converters_of(model, alias: str) -> list[tuple]:
+    """Per concrete field of `model`, its column and the converters Django applies to its
+    value (the database's, then the field's), as a query of the ORM would."""
+    converters = []
+    for field in model._meta.concrete_fields:
+        column = field.get_col(alias)  # a foreign key's: typed as the key it points to
+        converters.append((column, connection.ops.get_db_converters(column) + column.get_db_converters(connection)))
+    return converters
+
+
+def converted(values, converters) -> list:
+    out = []
+    for value, (column, field_converters) in zip(values, converters, strict=True):
+        for convert in field_converters:
+            value = convert(value, column, connection)
+        out.append(value)
+    return out
+
+
+@cache
+def shape(model, vendor: str) -> tuple[str, str, list, list]:
+    """(table, its columns, their attnames, their converters) for `model` on this database."""
+    fields = model._meta.concrete_fields
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    columns = ", ".join(f"{table}.{quote(f.column)}" for f in fields)
+    return table, columns, [f.attname for f in fields], converters_of(model, model._meta.db_table)
+
+
+def where_sql(model, where: dict) -> tuple[str, list]:
+    quote, sql, params = connection.ops.quote_name, [], []
+    for name, value in where.items():
+        field = model._meta.get_field(name)
+        if value is None:  # as the ORM reads filter(name=None)
+            sql.append(f"{quote(field.column)} IS NULL")
+            continue
+        sql.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_value(value, connection))
+    return " AND ".join(sql), params
+
+
+def select(model, *, lock: str = "", **where) -> list:
+    """model.objects.filter(**where) as instances, `lock` ("FOR UPDATE", …) on PostgreSQL."""
+    table, columns, names, converters = shape(model, connection.vendor)
+    condition, params = where_sql(model, where)
+    sql = f"SELECT {columns} FROM {table} WHERE {condition}"
+    if lock and connection.vendor == "postgresql":
+        sql += f" {lock}"
+    return [model.from_db(connection.alias, names, converted(row, converters)) for row in fetch(sql, params)]
+
+
+def update(model, where: dict, values: dict) -> int:
+    """model.objects.filter(**where).update(**values): rows changed. Values that are
+    expressions (F("attempts") - 1) go through the ORM."""
+    if any(hasattr(value, "resolve_expression") for value in values.values()):
+        return model.objects.filter(**where).update(**values)
+    quote = connection.ops.quote_name
+    assignments, params = [], []
+    for name, value in values.items():
+        field = model._meta.get_field(name)
+        assignments.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    condition, where_params = where_sql(model, where)
+    with connection.cursor() as statement:
+        statement.execute(
+            f"UPDATE {quote(model._meta.db_table)} SET {', '.join(assignments)} WHERE {condition}", params + where_params
+        )
+        return statement.rowcount
+
+
+def insert(obj, *, computed: dict | None = None):
+    """obj.save(force_insert=True) for a model with an automatic id, without its save():
+    the fields' defaults and auto_now values are applied as save() would (pre_save).
+    `computed`: {field name: (SQL, parameters)} for values the database works out in the
+    same statement; they are read back into `obj`."""
+    model = type(obj)
+    quote = connection.ops.quote_name
+    computed = computed or {}
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    placeholders, values = [], []
+    for f in fields:
+        if f.name in computed:
+            sql, params = computed[f.name]
+            placeholders.append(f"({sql})")
+            values += params
+        else:
+            placeholders.append("%s")
+            values.append(f.get_db_prep_save(f.pre_save(obj, add=True), connection))
+    pk = model._meta.pk
+    back = [pk, *(model._meta.get_field(name) for name in computed)]
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"VALUES ({', '.join(placeholders)}) RETURNING {', '.join(quote(f.column) for f in back)}"
+    )
+    [row] = fetch(sql, values)
+    for field, value in zip(back, row, strict=True):
+        setattr(obj, field.attname, field.to_python(value))
+    obj._state.adding, obj._state.db = False, connection.alias
+    return obj
+
+
+def insert_many(objs: list) -> None:
+    """Model.objects.bulk_create(objs) in one statement, for rows nobody reads back by id
+    (their ids stay unset in hand)."""
+    if not objs:
+        return
+    model = type(objs[0])
+    quote = connection.ops.quote_name
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    row = f"({', '.join(['%s'] * len(fields))})"
+    head = f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
+    with connection.cursor() as statement:
+        for start in range(0, len(objs), INSERT_CHUNK):
+            chunk = objs[start : start + INSERT_CHUNK]
+            params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for obj in chunk for f in fields]
+            statement.execute(head + ", ".join([row] * len(chunk)), params)
+
+
+INSERT_CHUNK = 500  # rows a statement: well within both databases' limits on parameters
