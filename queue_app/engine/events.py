@@ -123,16 +123,19 @@ def emit_grouped(items: list[tuple[int, str, object, str, dict]]) -> list[Projec
             )
             offsets.append(offset)
     if connection.vendor == "postgresql":
-        # One statement for both (the handover's last before its commit).
-        last = _bump_and_insert(counts, rows, offsets)
+        # Counters and rows in one statement (a handover's last before its commit).
+        _number(rows, offsets, counts, last=_bump_and_insert(counts, rows, offsets))
     else:
-        last = _bump_many(counts)
-    for row, offset in zip(rows, offsets, strict=True):
-        row.seq = last[row.project_id] - counts[row.project_id] + 1 + offset
-    if connection.vendor != "postgresql":
+        _number(rows, offsets, counts, last=_bump_many(counts))
         model_sql.insert_many(rows)
     transaction.on_commit(lambda: broadcast(rows))
     return rows
+
+
+def _number(rows: list[ProjectEvent], offsets: list[int], counts: dict[int, int], *, last: dict[int, int]) -> None:
+    """Each row's seq: its project's new last, less the rows of the project after it."""
+    for row, offset in zip(rows, offsets, strict=True):
+        row.seq = last[row.project_id] - counts[row.project_id] + 1 + offset
 
 
 def _bump_many(counts: dict[int, int]) -> dict[int, int]:
