@@ -4,6 +4,7 @@ documented promises, one or two tests each. Minutes are a controlled clock (`now
 import base64
 import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -256,20 +257,12 @@ def test_recovery_leaves_a_claim_waiting_in_the_broker_to_its_worker(owner, fake
     assert [p["prompt_id"] for p in fake.posted] == [job_of(job).task_id]
 
 
-def test_a_claim_recovery_left_waiting_is_posted_once_when_its_worker_takes_it_during_a_check(
-    owner, fake, inline_tasks, monkeypatch
-):
-    # The interleaving that posted a prompt twice when recovery adopted a waiting claim:
-    # the check reads the runs, and while it asks /queue the broker hands the claim to a
-    # worker, which stores the prompt id and is still posting when the check moves on.
+@contextmanager
+def a_worker_taking_the_claim_while_the_check_reads_the_queue(monkeypatch, func, args):
+    """Within the block, the check's first read of /queue starts a worker on the claim's
+    task (`func(*args)`, what the broker holds), which stores the prompt id and stops
+    mid-post until the block ends."""
     from django.utils.module_loading import import_string
-
-    project, instance = comfy_project(owner, fake)
-    fake.plan(Script(seconds=0.05))
-    [job] = start(owner, project)
-    [(func, args)] = inline_tasks.queue
-    inline_tasks.queue.clear()
-    assert runner.ComfyRunner().recover() == 1
 
     posting, go = threading.Event(), threading.Event()
     post, queue = comfy.ComfyClient.post_prompt, comfy.ComfyClient.queue
@@ -297,11 +290,28 @@ def test_a_claim_recovery_left_waiting_is_posted_once_when_its_worker_takes_it_d
     monkeypatch.setattr(comfy.ComfyClient, "post_prompt", post_slowly)
     monkeypatch.setattr(comfy.ComfyClient, "queue", queue_while_the_worker_takes_the_claim)
     try:
-        check.check_instance(instance.id)
-        inline_tasks.run()  # whatever the check handed out runs while the worker is mid-post
+        yield
     finally:
         go.set()
         worker.join(10)
+
+
+def test_a_claim_recovery_left_waiting_is_posted_once_when_its_worker_takes_it_during_a_check(
+    owner, fake, inline_tasks, monkeypatch
+):
+    # The interleaving that posted a prompt twice when recovery adopted a waiting claim:
+    # the check reads the runs, and while it asks /queue the broker hands the claim to a
+    # worker, which stores the prompt id and is still posting when the check moves on.
+    project, instance = comfy_project(owner, fake)
+    fake.plan(Script(seconds=0.05))
+    [job] = start(owner, project)
+    [(func, args)] = inline_tasks.queue
+    inline_tasks.queue.clear()
+    assert runner.ComfyRunner().recover() == 1
+
+    with a_worker_taking_the_claim_while_the_check_reads_the_queue(monkeypatch, func, args):
+        check.check_instance(instance.id)
+        inline_tasks.run()  # whatever the check handed out runs while the worker is mid-post
     prompt_id = job_of(job).task_id
     assert prompt_id and [p["prompt_id"] for p in fake.posted] == [prompt_id]
     drive(instance, inline_tasks, done(job))
@@ -341,8 +351,6 @@ def test_recovery_takes_back_a_claim_whose_owner_died_before_its_lease_ended(own
 
 
 def test_a_check_hands_out_no_claim_that_a_worker_took_after_its_lease_ended(owner, fake, inline_tasks, monkeypatch):
-    from django.utils.module_loading import import_string
-
     project, instance = comfy_project(owner, fake)
     fake.plan(Script(seconds=0.05))
     [job] = start(owner, project)
@@ -352,38 +360,10 @@ def test_a_check_hands_out_no_claim_that_a_worker_took_after_its_lease_ended(own
     # check reads it ended, and while it reads ComfyUI's queue a worker takes the task and
     # starts posting the prompt.
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    posting, go = threading.Event(), threading.Event()
-    post, queue = comfy.ComfyClient.post_prompt, comfy.ComfyClient.queue
-
-    def the_worker():
-        try:
-            import_string(func)(*args)
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=the_worker)
-
-    def post_slowly(self, graph, **kwargs):
-        if threading.current_thread() is worker:
-            posting.set()
-            go.wait(10)
-        return post(self, graph, **kwargs)
-
-    def worker_takes_it_during_the_queue_read(self):
-        if threading.current_thread() is not worker and not worker.is_alive() and not posting.is_set():
-            worker.start()
-            assert posting.wait(10)
-        return queue(self)
-
-    monkeypatch.setattr(comfy.ComfyClient, "post_prompt", post_slowly)
-    monkeypatch.setattr(comfy.ComfyClient, "queue", worker_takes_it_during_the_queue_read)
-    try:
+    with a_worker_taking_the_claim_while_the_check_reads_the_queue(monkeypatch, func, args):
         check.check_instance(instance.id)
         handed_out = list(inline_tasks.queue)
         inline_tasks.run()
-    finally:
-        go.set()
-        worker.join(10)
     assert handed_out == []
     assert len(fake.posted) == 1
 
