@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from queue_app import services
-from queue_app.engine import transitions
+from queue_app.engine import heartbeats, transitions
 from queue_app.models import Heartbeat, Job, Status
 from queue_app.service import recovery
 from tests.conftest import make_drafts, make_project, make_provider
@@ -229,3 +229,25 @@ def test_a_killed_workers_jobs_are_healed_within_the_dead_owner_cadence_not_the_
         time.sleep(0.05)
     assert all(Job.objects.get(id=j.id).lease_owner == "" for j in dead)
     assert Job.objects.get(id=claimed.id).lease_token != claimed.lease_token  # handed out again
+
+
+def test_a_fork_waits_for_the_heartbeat_in_progress():
+    # qcluster forks its processes from the one whose heartbeat thread writes: a child
+    # forked mid-beat inherited SQLite's record of a lock it did not hold.
+    import os
+    import threading
+
+    heartbeats._beating.acquire()  # a beat in progress
+    ended = []
+
+    def beat_ends():
+        ended.append(time.monotonic())
+        heartbeats._beating.release()
+
+    threading.Timer(0.3, beat_ends).start()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forked_at = time.monotonic()
+    os.waitpid(pid, 0)
+    assert ended and forked_at >= ended[0]

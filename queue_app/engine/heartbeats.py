@@ -113,6 +113,15 @@ def dead_clusters(*, now=None) -> list[int]:
 
 _started: set[str] = set()
 
+# A qcluster forks its sentinel, workers and pusher from the process whose heartbeat thread
+# writes. A child forked while that thread's SQLite connection held a lock inherits
+# SQLite's in-process record of the lock without the lock itself, and waited on it until
+# "database is locked" (the cluster stopped taking tasks for minutes; SQLite's own
+# documentation forbids carrying a connection across fork). Each beat, its connection
+# closed after it, is one critical section that a fork waits for.
+_beating = threading.Lock()
+os.register_at_fork(before=_beating.acquire, after_in_parent=_beating.release, after_in_child=_beating.release)
+
 
 def start_worker_heartbeat() -> None:
     """Called in qcluster processes: a daemon thread beating for this cluster."""
@@ -133,12 +142,14 @@ def start_process_heartbeat(role: str) -> None:
     def loop():
         stop = threading.Event()
         while not stop.wait(settings.HEARTBEAT_SECONDS if first.is_set() else 0.5):
-            try:
-                beat(role, name=name, started_at=started_at)
-                first.set()
-            except Exception:
-                pass
-            finally:
-                connection.close()
+            # No fork mid-beat (_beating): qcluster forks its processes from this one.
+            with _beating:
+                try:
+                    beat(role, name=name, started_at=started_at)
+                    first.set()
+                except Exception:
+                    pass
+                finally:
+                    connection.close()
 
     threading.Thread(target=loop, name=f"heartbeat-{role}", daemon=True).start()
