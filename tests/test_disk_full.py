@@ -11,13 +11,20 @@ from django.conf import settings
 from django.utils import timezone
 
 from queue_app import services
-from queue_app.engine import dispatch, outputs
+from queue_app.engine import backoff, dispatch, outputs
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
 from queue_app.service import poller
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _whole_backoff(monkeypatch):
+    """Each wait is its backoff's ceiling (2 s after a first try): full jitter can draw
+    ~0 s, and then the refilled slot takes the job again before the test has looked."""
+    monkeypatch.setattr(backoff, "delay", lambda attempt, **kw: backoff.ceiling(attempt))
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 numbered across retries, the remote task id, Retry for failed jobs, a fragment for live
 updates — and nobody else's job."""
 
+import re
+
 import pytest
 
 from queue_app.models import AlbumItem, Job, JobAttempt, Provider, Status
@@ -105,6 +107,35 @@ def test_the_fragment_is_the_sections_alone(signed_in, project):
     assert "Settled when a worker claims the job" in html  # a draft has no snapshot yet
 
 
+def _an_event_commits_during(monkeypatch, name, owner, job):
+    """While the page reads its state, the job is retried elsewhere (its event commits)."""
+    from queue_app import selectors, services
+
+    real = getattr(selectors, name)
+
+    def read_while_it_changes(*args, **kwargs):
+        if Job.objects.filter(id=job.id, status=Status.FAILED).exists():
+            services.jobs_retry(user=owner, job_ids=[job.id])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(selectors, name, read_while_it_changes)
+
+
+@pytest.mark.parametrize("where, read", [("job", "job_detail"), ("project", "visible_providers")])
+def test_an_event_committed_while_a_page_renders_is_replayed_to_its_socket(signed_in, owner, project, monkeypatch, where, read):
+    """The page's seq is where its socket resumes: one read after the state would skip an
+    event the state does not show, and the page would stay stale until the next event."""
+    from queue_app.engine import events
+
+    [job] = make_drafts(project)
+    Job.objects.filter(id=job.id).update(status=Status.FAILED, error="the provider was down")
+    Provider.objects.filter(id=project.provider_id).update(paused=True)
+    _an_event_commits_during(monkeypatch, read, owner, job)
+    response = signed_in.get(f"/jobs/{job.id}/" if where == "job" else f"/projects/{project.id}/")
+    assert Job.objects.get(id=job.id).status == Status.PENDING  # the retry happened mid-render
+    assert response.context["last_seq"] < events.last_seq(project.id)
+
+
 def test_another_users_job_is_not_found_and_cannot_be_retried(client, outsider, project):
     [job] = make_drafts(project)
     Job.objects.filter(id=job.id).update(status=Status.FAILED)
@@ -159,3 +190,51 @@ def test_a_cancelled_job_says_cancelled_once(signed_in, owner):
     html = signed_in.get(f"/jobs/{job.id}/").content.decode()
     error = html[html.index('id="job-error"') : html.index("</p>", html.index('id="job-error"'))]
     assert error.count("cancelled") == 1, error
+
+
+@pytest.mark.browser
+@pytest.mark.processes
+def test_an_older_fragment_answering_last_does_not_stand_over_the_newer_state(owner, project, tmp_path, chromium):
+    """Two events close together on a loaded server: the first event's fragment answers
+    after the second's. The page must end on the newer state, not the older answer."""
+    from queue_app import services
+
+    [job] = make_drafts(project)
+    Job.objects.filter(id=job.id).update(status=Status.FAILED, error="the provider was down")
+    Provider.objects.filter(id=project.provider_id).update(paused=True)  # the retried job stays pending
+    held, fetched = [], []
+
+    def hold_the_first_answer(route):
+        fetched.append(route.request.url)
+        if not held:
+            held.append((route, route.fetch()))  # answered now (pending), delivered later
+        else:
+            route.continue_()
+
+    web = procs.daphne(tmp_path / "logs")
+    try:
+        page = chromium.new_page()
+        page.set_default_timeout(20_000)
+        page.goto(f"{web.url}/accounts/login/")
+        page.fill("input[name=username]", owner.username)
+        page.fill("input[name=password]", "pw-" + owner.username)
+        page.click("main button[type=submit]")
+        page.goto(f"{web.url}/jobs/{job.id}/")
+        page.wait_for_selector("body[data-live='1']")
+        page.route(re.compile(r"/jobs/[^/]+/\?fragment=1$"), hold_the_first_answer)
+
+        services.jobs_retry(user=owner, job_ids=[job.id])
+        procs.wait_for(lambda: page.wait_for_timeout(50) or held, timeout=20, message="the first fragment request")
+        services.jobs_cancel(user=owner, job_ids=[job.id])
+        # The cancel's event reaches the page; a page that loads again while the first load
+        # is in flight sends its second request now (and gets the cancelled state).
+        page.wait_for_function("window.__liveSeen.includes('failed')")
+        page.wait_for_timeout(1000)
+        route, answer = held[0]
+        route.fulfill(response=answer)
+        page.wait_for_timeout(1000)
+        page.wait_for_function("document.querySelector('#job-summary .chip').dataset.status === 'failed'", timeout=10_000)
+        assert "cancelled" in page.inner_text("#job-error")
+        assert len(fetched) >= 2
+    finally:
+        web.stop()

@@ -110,7 +110,13 @@ def test_a_lease_keeper_whose_connection_was_killed_reconnects_and_keeps_renewin
     _, _, [job] = claimed(owner)
     token = Job.objects.get(id=job.id).lease_token
     with LeaseKeeper(job.id, token) as keeper:
-        time.sleep(0.3)
+        # The renewer may be in a longer wait it began before the setting changed: wait for
+        # its first renewal (it holds its connection from then on), not for a fixed time.
+        entered = keeper._confirmed
+        deadline = time.monotonic() + 10
+        while keeper._confirmed == entered and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert keeper._confirmed > entered, "the lease was never renewed"
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "

@@ -21,14 +21,20 @@ from queue_app.web.pages import own
 @login_required
 def job_detail(request, job_id):
     job = own(Job, request.user, id=job_id)
+    fragment = bool(request.GET.get("fragment"))
+    if not fragment:
+        # The socket replays events after this seq: read it before the job, or an event
+        # committed between the two reads is neither on the page nor replayed.
+        last_seq = events.last_seq(job.project_id)
+        job.refresh_from_db()
     context = selectors.job_detail(job, user=request.user)
     if job.status in (Status.PENDING, Status.PROCESSING):
         health = selectors.runner_health([job.project_id])
         context["instance_warning"] = (health.get(job.project_id) or {}).get("message", "")
     context["params_text"] = json.dumps(context["params"], indent=2, sort_keys=True) if context["params"] else ""
-    if request.GET.get("fragment"):
+    if fragment:
         return render(request, "queue_app/job_sections.html", context)
-    context["last_seq"] = events.last_seq(job.project_id)
+    context["last_seq"] = last_seq
     return render(request, "queue_app/job_detail.html", context)
 
 

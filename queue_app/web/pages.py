@@ -42,6 +42,9 @@ def album_groups(project: Project) -> tuple[list[dict], int]:
 
 
 def project_context(request, project: Project) -> dict:
+    # First: the socket replays events after this seq, so one committed while the
+    # sections are read is replayed rather than lost between the reads.
+    last_seq = events.last_seq(project.id)
     now = timezone.now()
     providers = selectors.visible_providers(request.user)
     live = heartbeats.liveness(now=now)
@@ -79,7 +82,7 @@ def project_context(request, project: Project) -> dict:
         "album": groups,
         "album_total": album_total,
         "album_counts": selectors.album_counts(project),
-        "last_seq": events.last_seq(project.id),
+        "last_seq": last_seq,
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
         "instance_health": health.get(project.id),
