@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         line("utilization_wall_time", f"{wall:.2f}", "s", f"ideal {ideal:.0f} s; {wall / ideal:.3f}x, goal ≤ 1.10x")
         calls = [(start, end) for start, end in demo.calls(provider.id) if end is not None]
         gaps = turnover_gaps(calls, 4)
-        goal = "goal p95 < 100 ms" if args.redis_url else "goal p95 < 250 ms"
+        goal = "goal p95 < 20 ms" if args.redis_url else "goal p95 < 100 ms"
         line("slot_turnover_p50", f"{percentile(gaps, 50) * 1000:.1f}", "ms")
         line("slot_turnover_p95", f"{percentile(gaps, 95) * 1000:.1f}", "ms", goal)
         line("provider_peak_inflight", demo.peak_inflight(provider.id), "calls", "concurrency 4")
