@@ -223,6 +223,15 @@ class ComfyClient:
                     states[str(item[1])] = state
         return states
 
+    def queued_number(self, prompt_id: str) -> float | None:
+        """The `number` ComfyUI gave `prompt_id` while it is queued or running, else None."""
+        body = self._json("GET", "/queue")
+        for key in ("queue_running", "queue_pending"):
+            for item in (body.get(key) if isinstance(body, dict) else None) or []:
+                if isinstance(item, list) and len(item) > 1 and str(item[1]) == prompt_id:
+                    return item[0] if isinstance(item[0], int | float) else None
+        return None
+
     def highest_number(self) -> float | None:
         """The highest prompt `number` ComfyUI holds (queued, running, or its latest history
         entry); None when it holds none. The counter only grows while the server runs and

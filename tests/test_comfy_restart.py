@@ -250,3 +250,23 @@ def test_an_upload_record_whose_file_is_gone_from_the_instance_is_uploaded_again
     [second] = start(owner, project, references=[data_url(png_of_size(800))])
     drive(instance, inline_tasks, done(second))
     assert job_of(second).status == Status.COMPLETED and len(fake.uploads) == 2
+
+
+def test_an_adopted_prompt_whose_post_was_never_recorded_is_reposted_after_a_restart(owner, fake, inline_tasks):
+    """Its worker died after POST /prompt, before recording when and under which number:
+    the resumed submission finds it queued and adopts it, and takes the post's time and
+    ComfyUI's number then, so a restart that forgets it is still told apart from a loss."""
+    from comfy_app.runner import submit
+
+    project, instance = comfy_project(owner, fake)
+    fake.plan(Script(seconds=30))
+    [job] = start(owner, project)
+    inline_tasks.run()
+    ComfyRun.objects.filter(job=job).update(phase="submitting", posted_at=None, remote_number=None)
+    run = ComfyRun.objects.get(job=job)
+    assert submit._submit(job_of(job), job_of(job).lease_token, run, instance) is submit.Submission.ADOPTED
+    run = ComfyRun.objects.get(job=job)
+    assert run.phase == "remote" and run.posted_at is not None and run.remote_number == 0
+    fake.restart()  # never seen down: only the counter tells
+    drive(instance, inline_tasks, done(job))
+    assert job_of(job).status == Status.COMPLETED and len(fake.posted) == 2

@@ -8,8 +8,8 @@ import uuid
 from enum import StrEnum
 
 from django.db import DatabaseError, transaction
-from django.db.models import F
-from django.db.models.functions import Now
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from comfy_app import client as comfy
@@ -116,7 +116,14 @@ def _submit(job: Job, token, run: ComfyRun, instance: ComfyInstance) -> Submissi
         # A retry or a resumed submission: the prompt id was stored before it was posted.
         where, _ = locate(client, job.task_id, run.nonce)
         if where in (Where.PENDING, Where.RUNNING):
-            ComfyRun.objects.filter(job_id=job.id, phase=Phase.SUBMITTING).update(phase=Phase.REMOTE, remote_state=where)
+            # The post that queued it may never have been recorded (its worker died after
+            # POST /prompt): restart detection needs the post's time and number, so a run
+            # without them takes now (it was posted no later) and ComfyUI's own number.
+            fields = dict(phase=Phase.REMOTE, remote_state=where, posted_at=Coalesce("posted_at", Value(timezone.now())))
+            number = client.queued_number(job.task_id)
+            if number is not None:
+                fields["remote_number"] = number
+            ComfyRun.objects.filter(job_id=job.id, phase=Phase.SUBMITTING).update(**fields)
             return Submission.ADOPTED
         if where is Where.SUCCESS:
             return Submission.COLLECT
