@@ -329,7 +329,7 @@ def _repost(run: ComfyRun) -> Checked:
     # A new attempt of the same claim: the attempt log numbers it after the lost one.
     Job.objects.fenced(job.id, token).update(attempts=F("attempts") + 1, poll_failures=0)
     ComfyRun.objects.filter(job_id=job.id, phase=Phase.REMOTE).update(phase=Phase.SUBMITTING, missing_checks=0, remote_state="")
-    enqueue.enqueue_task("comfy_app.tasks.submit_job", str(job.id), str(token))
+    enqueue.enqueue_task("comfy_app.tasks.submit_prompt", str(job.id), str(token))
     log.warning("job %s: %s", job.id, reason)
     return Checked.RUNNING
 
