@@ -159,6 +159,9 @@ def dead_peer_options() -> dict:
 
 
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+# The hot path's own statements (engine/model_sql.py) are prepared on PostgreSQL; off for a
+# pooler that cannot keep prepared statements across transactions.
+PREPARE_HOT_STATEMENTS = envbool("PREPARE_HOT_STATEMENTS", "True")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: broker, channel layer, cache ----------------------------------------------

@@ -297,3 +297,34 @@ def test_events_of_several_projects_are_numbered_on_from_each_counter_and_stored
     ]
     assert all(e.created_at is not None for e in stored)
     assert dict(EventCounter.objects.values_list("project_id", "last")) == {first.id: counted + 2, second.id: 2}
+
+
+def _prepared_here() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.skipif(not is_postgres(), reason="prepared statements are PostgreSQL's")
+def test_a_hot_statement_run_again_is_prepared_and_answers_as_before(owner, settings):
+    provider = make_provider(owner, concurrency=5)
+    jobs = make_drafts(make_project(owner, provider), 5)
+    Job.objects.filter(id__in=[job.id for job in jobs]).update(status=Status.PENDING, queued_at=timezone.now())
+    read = [hot_sql.lock_provider(provider.id, shared=True) for _ in range(model_sql.PREPARE_FROM_USE + 1)]
+    assert [row.busy_slots for row in read] == [0] * len(read)
+    prepared = _prepared_here()
+    assert any("busy_slots" in sql for sql in prepared), prepared
+    # The ORM's own statements are bound in the client, as Django sends them: none prepared.
+    for _ in range(model_sql.PREPARE_FROM_USE + 1):
+        assert Job.objects.filter(status=Status.PENDING).count() == 5
+    assert len(_prepared_here()) == len(prepared)
+
+
+@pytest.mark.skipif(not is_postgres(), reason="prepared statements are PostgreSQL's")
+def test_prepare_hot_statements_off_prepares_nothing(owner, settings):
+    settings.PREPARE_HOT_STATEMENTS = False
+    connection.close()  # a fresh connection, as a process started with the setting has
+    provider = make_provider(owner)
+    for _ in range(model_sql.PREPARE_FROM_USE + 1):
+        assert hot_sql.lock_provider(provider.id, shared=True).busy_slots == 0
+    assert _prepared_here() == []

@@ -83,7 +83,7 @@ def _bump(project_id: int, n: int) -> int:
     # One upsert: creates the counter on a project's first event, and the row lock it
     # takes serialises concurrent emitters until commit (both databases).
     table = EventCounter._meta.db_table
-    with connection.cursor() as cursor:
+    with model_sql.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (project_id, last) VALUES (%s, %s) "
             f"ON CONFLICT (project_id) DO UPDATE SET last = {table}.last + excluded.last RETURNING last",
@@ -144,7 +144,7 @@ def _bump_many(counts: dict[int, int]) -> dict[int, int]:
     project_ids = sorted(counts)
     values = ", ".join(["(%s, %s)"] * len(project_ids))
     params = [value for project_id in project_ids for value in (project_id, counts[project_id])]
-    with connection.cursor() as cursor:
+    with model_sql.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (project_id, last) VALUES {values} "
             f"ON CONFLICT (project_id) DO UPDATE SET last = {table}.last + excluded.last RETURNING project_id, last",
@@ -169,7 +169,7 @@ def _bump_and_insert(counts: dict[int, int], rows: list[ProjectEvent], offsets: 
     for event, offset in zip(rows, offsets, strict=True):
         event.seq = counts[event.project_id] - 1 - offset
         params += [f.get_db_prep_save(f.pre_save(event, add=True), connection) for f in fields]
-    with connection.cursor() as cursor:
+    with model_sql.cursor() as cursor:
         cursor.execute(
             f"WITH c AS (INSERT INTO {counter} (project_id, last) VALUES {', '.join(['(%s, %s)'] * len(project_ids))} "
             f"ON CONFLICT (project_id) DO UPDATE SET last = {counter}.last + excluded.last RETURNING project_id, last) "

@@ -54,14 +54,20 @@ def lock_provider(provider_id: int, *, shared: bool = False) -> Provider | None:
             f", (SELECT COUNT(*) FROM {Job._meta.db_table} j WHERE j.active_provider_id = "
             f"{Provider._meta.db_table}.id AND j.status = '{Status.PROCESSING.value}') AS busy_slots"
         )
+    table, columns, names, converters = model_sql.shape(Provider, connection.vendor)
     sql = (
-        f"SELECT *{busy} FROM {Provider._meta.db_table} WHERE id = %s AND paused = %s "
-        f"AND (cooldown_until IS NULL OR cooldown_until <= {now})"
+        f"SELECT {columns}{busy} FROM {table} WHERE {table}.id = %s AND {table}.paused = %s "
+        f"AND ({table}.cooldown_until IS NULL OR {table}.cooldown_until <= {now})"
     )
     if connection.vendor == "postgresql":
         sql += " FOR SHARE" if shared else " FOR NO KEY UPDATE"
-    found = list(Provider.objects.raw(sql, [provider_id, False, *now_params]))
-    return found[0] if found else None
+    found = model_sql.fetch(sql, [provider_id, False, *now_params])
+    if not found:
+        return None
+    provider = Provider.from_db(connection.alias, names, model_sql.converted(found[0][: len(names)], converters))
+    if shared:
+        provider.busy_slots = found[0][-1]
+    return provider
 
 
 def slots_in_use(provider_id: int) -> set[int]:

@@ -164,7 +164,7 @@ def _claim_into_slots(rows, *, owner: str, started_at) -> set:
     expiry_sql, expiry_params = _compiled(lease_expiry(ttl))
     now_sql, now_params = _compiled(Now())
     started_at = Job._meta.get_field("started_at").get_db_prep_value(started_at, connection)
-    with connection.cursor() as cursor:
+    with model_sql.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
             f"lease_token = v.column4, resolved = v.column5, lease_owner = %s, lease_expires_at = {expiry_sql}, "
