@@ -257,7 +257,10 @@ def _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, *, he
         sql += " FOR UPDATE OF j SKIP LOCKED"
     split = len(job_names)
     jobs = []
-    for row in model_sql.fetch(sql, params):
+    # Not prepared: its plan rests on the heads' sizes and the limit, and a plan made once
+    # for any values walked the pending jobs (a recovery's claims at 100,000 pending took
+    # 4.9 s instead of 0.8 s).
+    for row in model_sql.fetch(sql, params, prepared=False):
         job = Job.from_db(connection.alias, job_names, model_sql.converted(row[:split], job_converters))
         job.project = Project.from_db(connection.alias, project_names, model_sql.converted(row[split:], project_converters))
         jobs.append(job)

@@ -58,8 +58,10 @@ def _prepared_cursor_class():
     return PreparedCursor
 
 
-def fetch(sql: str, params: list) -> list[tuple]:
-    with cursor() as statement:
+def fetch(sql: str, params: list, *, prepared: bool = True) -> list[tuple]:
+    """The rows of one statement; `prepared=False` for one whose plan depends on its
+    values (a prepared statement is planned once for any values after a few runs)."""
+    with cursor() if prepared else connection.cursor() as statement:
         statement.execute(sql, params)
         return statement.fetchall()
 
