@@ -314,6 +314,12 @@ def test_a_hot_statement_run_again_is_prepared_and_answers_as_before(owner, sett
     assert [row.busy_slots for row in read] == [0] * len(read)
     prepared = _prepared_here()
     assert any("busy_slots" in sql for sql in prepared), prepared
+    # The claim's candidates are planned for their values each time (a generic plan walked
+    # the pending jobs).
+    for _ in range(model_sql.PREPARE_FROM_USE + 1):
+        found = hot_sql.dispatchable_with_projects(provider.id, projects=None, excluded_kinds=[], limit=2, skip_locked=False)
+        assert len(found) == 2
+    assert not any("j.queued_at" in sql for sql in _prepared_here())
     # The ORM's own statements are bound in the client, as Django sends them: none prepared.
     for _ in range(model_sql.PREPARE_FROM_USE + 1):
         assert Job.objects.filter(status=Status.PENDING).count() == 5
