@@ -9,6 +9,7 @@ import pytest
 from queue_app.models import AlbumItem, Job, JobAttempt, Provider, Status
 from tests import procs
 from tests.conftest import CHROMIUM, make_drafts, make_project, make_provider
+from tests.test_browser import log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,10 +161,7 @@ def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
             page = browser.new_page()
             page.set_default_timeout(20_000)
-            page.goto(f"{web.url}/accounts/login/")
-            page.fill("input[name=username]", owner.username)
-            page.fill("input[name=password]", "pw-" + owner.username)
-            page.click("main button[type=submit]")
+            log_in(page, web.url, owner)
             page.goto(f"{web.url}/jobs/{job.id}/")
             page.wait_for_selector("body[data-live='1']")
             assert page.get_attribute("#job-summary .chip", "data-status") == "failed" and page.locator("#job-retry").count()
@@ -215,10 +213,7 @@ def test_an_older_fragment_answering_last_does_not_stand_over_the_newer_state(ow
     try:
         page = chromium.new_page()
         page.set_default_timeout(20_000)
-        page.goto(f"{web.url}/accounts/login/")
-        page.fill("input[name=username]", owner.username)
-        page.fill("input[name=password]", "pw-" + owner.username)
-        page.click("main button[type=submit]")
+        log_in(page, web.url, owner)
         page.goto(f"{web.url}/jobs/{job.id}/")
         page.wait_for_selector("body[data-live='1']")
         page.route(re.compile(r"/jobs/[^/]+/\?fragment=1$"), hold_the_first_answer)
