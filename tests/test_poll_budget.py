@@ -194,6 +194,44 @@ def test_what_a_list_leaves_is_checked_singly_within_the_providers_share_of_thre
     assert not Job.objects.filter(active_provider=provider, poll_claimed_until__isnull=False).exists()
 
 
+def test_what_a_list_leaves_is_checked_when_the_list_returns_before_its_step_ends(owner, monkeypatch):
+    """The batch's thread finishes while the step that started it is still claiming: its
+    refill finds the step running and leaves the leftovers to it, so the step must look
+    again when it ends (CI saw the leftovers wait for the next step, forever in a test)."""
+    detached_many(owner, "replicate", 6)
+    checked = []
+
+    class ListShowingNoneRunning:
+        STATUS_BATCH = 100
+
+        @staticmethod
+        def check_page(cursor, job):
+            return {}, ""
+
+        @staticmethod
+        def check(task_id, job):
+            checked.append(task_id)
+            return Running()
+
+    monkeypatch.setattr(poller, "adapter_for", lambda family: ListShowingNoneRunning)
+    pool = poller.Poller(parallelism=4, per_provider=2)
+    claim_due = poller.claim_due
+
+    def claim_after_the_batch_is_done(**kwargs):
+        deadline = time.monotonic() + 10
+        while (pool.inflight() or not any(pool._leftovers.values())) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return claim_due(**kwargs)
+
+    monkeypatch.setattr(poller, "claim_due", claim_after_the_batch_is_done)
+    try:
+        pool.step()
+        pool.wait(timeout=10)
+    finally:
+        pool.close()
+    assert sorted(checked) == [f"task{i:04d}" for i in range(6)]
+
+
 def test_two_batch_claims_never_take_the_same_job(owner):
     provider = detached_many(owner, "replicate", 5)
     now = timezone.now()

@@ -186,7 +186,12 @@ class Poller:
     def step(self, *, now=None, families=None) -> int:
         """Claim what is due and start its checks. Returns how many were started."""
         with self._stepping:
-            return self._step(now=now, families=families)
+            started = self._step(now=now, families=families)
+        # A check or batch that ended during this step found it running and left its refill
+        # to it: take that refill now, or what the batch left waits for the next step.
+        if self._refill_wanted:
+            self._refill()
+        return started
 
     def _step(self, *, now=None, families=None) -> int:
         with self._lock:
@@ -308,7 +313,8 @@ class Poller:
 
     def _refill(self) -> None:
         # A claim already running elsewhere (or this check ended inside a step, before
-        # its callback was set) steps again for us when it is done: nothing is dropped.
+        # its callback was set) steps again for us when it is done (`step` and this loop
+        # both look at the flag after releasing the lock): nothing is dropped.
         self._refill_wanted = True
         while self._refill_wanted and not self._closed and self._stepping.acquire(blocking=False):
             try:
