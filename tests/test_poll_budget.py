@@ -46,6 +46,15 @@ class FakeClock:
         self.now += seconds
 
 
+def step_once(pool, *, timeout: float = 60) -> None:
+    """One step of the poller and every check it starts (and those they start), then close it."""
+    try:
+        pool.step()
+        pool.wait(timeout=timeout)
+    finally:
+        pool.close()
+
+
 def detached_many(owner, family, n, *, name=None, at=None, **options):
     """`n` detached jobs of one provider record, written in bulk."""
     provider = make_provider(owner, name=name or family, family=family, concurrency=n, **options)
@@ -142,11 +151,7 @@ def test_replicate_tasks_are_checked_through_its_list_a_hundred_a_request(owner,
     )
     single = responses.add(responses.GET, f"{LIST}/task0007", json=running[7])
     pool = poller.Poller(parallelism=4)
-    try:
-        pool.step()
-        pool.wait(timeout=60)
-    finally:
-        pool.close()
+    step_once(pool)
     lists = [call for call in responses.calls if call.request.url.split("?")[0] == LIST]
     assert len(lists) == 2  # two requests for 150 tasks, each counted once against the budget
     assert single.call_count == 1  # the finished one is read on its own (outputs, fresh URLs)
@@ -184,11 +189,7 @@ def test_what_a_list_leaves_is_checked_singly_within_the_providers_share_of_thre
 
     monkeypatch.setattr(poller, "adapter_for", lambda family: ListShowingNoneRunning)
     pool = poller.Poller(parallelism=4, per_provider=2)
-    try:
-        pool.step()
-        pool.wait(timeout=60)
-    finally:
-        pool.close()
+    step_once(pool)
     assert sorted(checked) == [f"task{i:04d}" for i in range(20)]
     assert peak[0] <= 2  # never more than its share: other providers' checks are not queued behind them
     assert not Job.objects.filter(active_provider=provider, poll_claimed_until__isnull=False).exists()
@@ -228,11 +229,7 @@ def test_what_a_list_leaves_is_checked_when_the_list_returns_before_its_step_end
         return claim_due(**kwargs)
 
     monkeypatch.setattr(poller, "claim_due", claim_after_the_batch_is_done)
-    try:
-        pool.step()
-        pool.wait(timeout=10)
-    finally:
-        pool.close()
+    step_once(pool, timeout=10)
     assert sorted(checked) == [f"task{i:04d}" for i in range(6)]
 
 
@@ -252,11 +249,7 @@ def test_a_failed_list_request_releases_its_tasks_without_a_burst_of_single_chec
     provider = detached_many(owner, "replicate", 30)
     responses.add(responses.GET, LIST, json={"detail": "down"}, status=503)
     pool = poller.Poller(parallelism=4)
-    try:
-        pool.step()
-        pool.wait(timeout=60)
-    finally:
-        pool.close()
+    step_once(pool)
     assert len(responses.calls) == 1
     jobs = Job.objects.filter(active_provider=provider)
     assert not jobs.filter(poll_claimed_until__isnull=False).exists() and not jobs.filter(poll_failures__gt=0).exists()
