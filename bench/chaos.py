@@ -33,6 +33,7 @@ import time
 from collections import Counter
 
 from bench import runner
+from queue_app.services.jobs import jobs_start
 
 ROOT = runner.ROOT
 PROMPT = "chaos-job-{n} a lighthouse at dusk, oil on canvas"
@@ -217,10 +218,9 @@ class Chaos:
     # --- the run -------------------------------------------------------------------
 
     def start_jobs(self):
-        from queue_app import services
 
         for _, project, _ in self.providers:
-            services.jobs_start(user=self.user, project=project, all_drafts=True)
+            jobs_start(user=self.user, project=project, all_drafts=True)
 
     def terminal_count(self) -> int:
         from queue_app.models import Job, Status

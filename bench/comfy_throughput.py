@@ -31,6 +31,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
+from queue_app.services.jobs import jobs_start  # noqa: E402
 from tests.fakes.comfyui import WORKFLOW, FakeComfyUI, Script  # noqa: E402
 from tests.procs import Proc  # noqa: E402
 
@@ -45,7 +46,6 @@ def run_once(*, jobs: int, seconds: float, megabytes: float, websocket: bool) ->
     from django.contrib.auth import get_user_model
 
     from comfy_app.models import ComfyInstance
-    from queue_app import services
     from queue_app.models import AccountSettings, Job, Project, Status
 
     user = get_user_model().objects.create_user(f"bench{time.monotonic_ns()}", password="x")
@@ -64,7 +64,7 @@ def run_once(*, jobs: int, seconds: float, megabytes: float, websocket: bool) ->
     try:
         time.sleep(2)  # let both processes boot before the clock starts
         started = time.monotonic()
-        services.jobs_start(user=user, project=project, all_drafts=True)
+        jobs_start(user=user, project=project, all_drafts=True)
         deadline = started + jobs * seconds * 4 + 120
         while Job.objects.filter(project=project, status=Status.COMPLETED).count() < jobs:
             if time.monotonic() > deadline:

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from bench import runner
+from queue_app.services.jobs import jobs_start
 
 ROOT = runner.ROOT
 LABEL = "pg+redis"
@@ -386,13 +387,12 @@ class Run:
     def run(self):
         from django.db import close_old_connections
 
-        from queue_app import services
         from queue_app.models import Job
 
         plan = self.schedule()
         self.started = time.time()
         for p in self.providers:
-            services.jobs_start(user=self.user, project=p["project"], all_drafts=True)
+            jobs_start(user=self.user, project=p["project"], all_drafts=True)
         deadline = self.started + max(300, self.expected_seconds() * 6)
         while True:
             close_old_connections()

@@ -28,6 +28,7 @@ import uuid
 from datetime import timedelta
 
 from bench import runner
+from queue_app.selectors.queue import queue_status
 
 ROOT = runner.ROOT
 LABEL = ""
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
 
     from queue_app.engine import enqueue
     from queue_app.models import AccountSettings, Job, JobAttempt, Project, Provider, Status
-    from queue_app.service import poller, recovery
+    from queue_app.queue_service import poller, recovery
 
     enqueue.enqueue_task = lambda func, *args: None  # no broker: nothing runs the claims here
     user = get_user_model().objects.create_user(username="bench", password="bench-pw-unused")
@@ -295,10 +296,9 @@ def main(argv=None) -> int:
         pool.wait()
         pool.close()
         queries = counter.count
-        from queue_app import selectors
         from queue_app.web.metrics import EVERYONE
 
-        status = selectors.queue_status(user=EVERYONE, breakdown="providers")
+        status = queue_status(user=EVERYONE, breakdown="providers")
         ids = {provider.id for _, provider, _ in records}
         behind = [row["polling_message"] for row in status["providers"] if row["id"] in ids and row["polling_message"]]
         Job.objects.filter(active_provider_id__in=ids).delete()

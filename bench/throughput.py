@@ -22,6 +22,7 @@ import sys
 import time
 
 from bench import runner
+from queue_app.services.jobs import jobs_start
 
 ROOT = runner.ROOT
 LABEL = ""
@@ -112,7 +113,6 @@ def main(argv=None) -> int:
     from django.contrib.auth import get_user_model
     from django_q.tasks import async_task
 
-    from queue_app import services
     from queue_app.models import AccountSettings, Job, Project, Provider, Status
     from queue_app.providers import demo
 
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         project = Project.objects.create(owner=user, name="instant", provider=provider, model="demo-text", kind="text")
         Job.objects.bulk_create([Job(project=project, owner=user, prompt=f"job {n}") for n in range(args.tasks)])
         started = time.monotonic()
-        services.jobs_start(user=user, project=project, all_drafts=True)
+        jobs_start(user=user, project=project, all_drafts=True)
         runner.wait_for(
             lambda: Job.objects.filter(project=project, status=Status.COMPLETED).count() >= args.tasks,
             timeout=900,
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
         project = Project.objects.create(owner=user, name="200ms", provider=provider, model="demo-text", kind="text")
         Job.objects.bulk_create([Job(project=project, owner=user, prompt=f"job {n}") for n in range(args.jobs)])
         started = time.monotonic()
-        services.jobs_start(user=user, project=project, all_drafts=True)
+        jobs_start(user=user, project=project, all_drafts=True)
         runner.wait_for(
             lambda: Job.objects.filter(project=project, status=Status.COMPLETED).count() >= args.jobs,
             timeout=900,

@@ -9,10 +9,10 @@ class ComfyAppConfig(AppConfig):
         # comfy_app plugs into the queue through the runner registry; queue_app never
         # imports comfy_app.
         from comfy_app.runner import RUNNER
-        from queue_app.engine import runners
+        from queue_app.engine import runner_registry
         from queue_app.models import Kind
 
-        runners.register(Kind.COMFYUI, RUNNER)
+        runner_registry.register(Kind.COMFYUI, RUNNER)
 
         from comfy_app import allowed_hosts
 

@@ -7,14 +7,15 @@ from django.core.exceptions import ValidationError
 from comfy_app import allowed_hosts, workflow
 from comfy_app import client as comfy
 from comfy_app.models import ComfyAllowedHost, ComfyInstance
-from queue_app import limits, selectors
+from queue_app import limits
 from queue_app.models import Kind, Project
 from queue_app.providers import net
-from queue_app.services import ServiceError
+from queue_app.selectors.visibility import may_see
+from queue_app.services.errors import ServiceError
 
 
 def _own_comfy_project(user, project: Project) -> Project:
-    if not selectors.may_see(user, project):
+    if not may_see(user, project):
         raise ServiceError("project not found", 404)
     if project.kind != Kind.COMFYUI:
         raise ServiceError("this project is not a ComfyUI project")

@@ -12,13 +12,13 @@ from django.views.decorators.http import require_POST
 
 from comfy_app import allowed_hosts, services, setup
 from comfy_app.workflow import KINDS, WorkflowError
-from queue_app import selectors
 from queue_app.models import Kind, Project
-from queue_app.services import ServiceError
+from queue_app.selectors.visibility import visible_to
+from queue_app.services.errors import ServiceError
 
 
 def own_comfy_project(user, project_id) -> Project:
-    return get_object_or_404(selectors.visible_to(user, Project), id=project_id, kind=Kind.COMFYUI)
+    return get_object_or_404(visible_to(user, Project), id=project_id, kind=Kind.COMFYUI)
 
 
 class ComfySettingsForm(forms.Form):

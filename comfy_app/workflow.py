@@ -91,7 +91,7 @@ def load_reference(ref: str, owner_id: int) -> tuple[bytes, str, str]:
     """(bytes, content type, extension) of a draft reference: "ref:<sha256>" (an uploaded
     image of the same owner), "album:<id>" (an album item of the same owner), a data: URL,
     or an http(s) URL fetched through the guarded client."""
-    from queue_app import references
+    from queue_app.engine import references
     from queue_app.models import AlbumItem
 
     ref = (ref or "").strip()

@@ -8,6 +8,10 @@ class QueueAppConfig(AppConfig):
     verbose_name = "Queue"
 
     def ready(self):
+        # The admin is the web role's (queue_app/web/admin.py); Django's autodiscovery
+        # looks for queue_app.admin, so it is registered here.
+        from queue_app.web import admin  # noqa: F401
+
         # A qcluster process announces itself so the monitor can tell when dispatchable
         # work has no live worker to take it.
         if len(sys.argv) > 1 and sys.argv[1] == "qcluster":

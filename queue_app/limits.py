@@ -2,7 +2,7 @@
 
 The model fields' validators, the database check constraints, the forms and the admin
 (both through the model validators), the JSON API and the MCP tools (through the
-operation schemas in `queue_app.schemas`) all read these numbers: change one here and
+operation schemas in `queue_app.web.schemas`) all read these numbers: change one here and
 every door moves together. `check_json` is the one walk that bounds free-form JSON
 (params, workflows) by size and nesting depth.
 """

@@ -17,9 +17,9 @@ import pytest
 from django.core.files.base import ContentFile
 from django.test import Client
 
-from queue_app import services
 from queue_app.engine import media
 from queue_app.models import AlbumItem, Job, Status
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider, png
@@ -108,7 +108,7 @@ def run_with(owner, inline_tasks, settings, file, name="Hostile"):
         settings.OUTBOUND_ALLOWLIST = [fake.host]
         settings.OUTBOUND_ALLOW_HTTP = True
         project, job = hostile_provider(owner, fake, name)
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         inline_tasks.run()
     job.refresh_from_db()
     return project, job

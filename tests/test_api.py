@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import heartbeats
 from queue_app.models import ApiToken, IdempotencyKey, Job, JobAttempt, Provider, Status
+from queue_app.services.idempotency import request_fingerprint
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -247,7 +247,7 @@ def test_idempotency_answers_409_while_the_first_request_runs(api, owner, projec
         owner=owner,
         key="k-3",
         scope=f"drafts:{project.id}",
-        request_hash=services.request_fingerprint(f"drafts:{project.id}", body),
+        request_hash=request_fingerprint(f"drafts:{project.id}", body),
     )
     response = post(api, f"/api/projects/{project.id}/drafts", body, HTTP_IDEMPOTENCY_KEY="k-3")
     assert response.status_code == 409 and not Job.objects.exists()

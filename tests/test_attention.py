@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine.attempts import Outcome
 from queue_app.models import ErrorClass, Job, JobAttempt, Provider, Status
-from queue_app.service import recovery
+from queue_app.queue_service import recovery
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider, status_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,7 +21,7 @@ def killed_mid_submission(owner, *, kind, **options):
     provider = make_provider(owner, **options)
     project = make_project(owner, provider, kind=kind)
     [job] = make_drafts(project, 1)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     Provider.objects.filter(id=provider.id).update(paused=True)  # what heals stays visible
     Job.objects.filter(id=job.id).update(lease_owner="gone:1", lease_expires_at=timezone.now() - timedelta(seconds=1))
     JobAttempt.objects.create(job=job, number=1, worker="gone:1")
@@ -55,7 +55,7 @@ def test_a_claim_no_worker_took_is_retried_even_for_video(owner, inline_tasks):
     provider = make_provider(owner)
     project = make_project(owner, provider, kind="video")
     [job] = make_drafts(project, 1)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     Provider.objects.filter(id=provider.id).update(paused=True)
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     recovery.heal()
@@ -66,7 +66,7 @@ def test_an_ambiguous_provider_answer_holds_when_the_record_says_hold(owner, inl
     provider = make_provider(owner, fail_rate=1, fail_kind="ambiguous", on_ambiguous="hold")
     project = make_project(owner, provider)
     [job] = make_drafts(project, 1)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run(limit=1)
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_class == ErrorClass.ATTENTION

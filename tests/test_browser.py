@@ -12,6 +12,8 @@ import pytest
 from django.conf import settings
 
 from queue_app.models import AlbumItem, Job, Provider, Status
+from queue_app.services.drafts import jobs_create_drafts
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import make_project, make_provider
 
@@ -83,7 +85,6 @@ def test_jobs_started_in_the_browser_complete_live_without_a_reload(stack, brows
 
 @pytest.mark.parametrize("stack", MODES, indirect=True)
 def test_the_queue_monitor_pauses_changes_concurrency_and_clears_failures(stack, browser_page, owner):
-    from queue_app import services
 
     page, base = browser_page, stack.url
     provider = make_provider(owner, name="Alpha", concurrency=1, latency_ms=200)
@@ -95,8 +96,8 @@ def test_the_queue_monitor_pauses_changes_concurrency_and_clears_failures(stack,
     page.wait_for_selector(f"#providers tr[data-provider='{provider.id}'] .badge.paused")
     assert Provider.objects.get(id=provider.id).paused
     # drafts started while paused wait, and the monitor says why (it refreshes itself)
-    jobs = services.jobs_create_drafts(user=owner, project=project, prompt="held", quantity=3)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs = jobs_create_drafts(user=owner, project=project, prompt="held", quantity=3)
+    jobs_start(user=owner, project=project, all_drafts=True)
     page.wait_for_function("document.querySelectorAll('#jobs tr[data-state=waiting]').length === 3", timeout=30_000)
     assert page.locator("#jobs tr[data-state=waiting] [data-reason]").first.inner_text() == "provider paused"
     assert page.locator(f"#providers tr[data-provider='{provider.id}'] [data-count=waiting]").inner_text().startswith("3")

@@ -18,12 +18,13 @@ from django.utils import timezone
 
 from comfy_app.models import ComfyInstance
 from comfy_app.runner import check
-from queue_app import selectors, services
 from queue_app.engine import heartbeats, snapshot
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
 from queue_app.providers.base import Finished, Submitted
-from queue_app.service import poller
+from queue_app.queue_service import poller
+from queue_app.selectors.queue import job_state
+from queue_app.services.jobs import failed_jobs_clear, jobs_cancel, jobs_retry, jobs_start
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider
@@ -87,17 +88,17 @@ def assert_cancelled(job):
 
 def test_a_pending_job_fails_at_once_with_reason_cancelled_and_others_are_skipped(owner, outsider, project, inline_tasks):
     running, pending, draft = make_drafts(project, 3)
-    services.jobs_start(user=owner, project=project, job_ids=[running.id, pending.id])
+    jobs_start(user=owner, project=project, job_ids=[running.id, pending.id])
     assert [job_of(running).status, job_of(pending).status] == [Status.PROCESSING, Status.PENDING]  # concurrency 1
-    result = services.jobs_cancel(user=outsider, job_ids=[pending.id])
+    result = jobs_cancel(user=outsider, job_ids=[pending.id])
     assert result == {"cancelled": 0, "skipped": 1} and job_of(pending).status == Status.PENDING
 
-    result = services.jobs_cancel(user=owner, job_ids=[pending.id, draft.id, pending.id])
+    result = jobs_cancel(user=owner, job_ids=[pending.id, draft.id, pending.id])
     assert result == {"cancelled": 1, "skipped": 1}
     job = assert_cancelled(pending)
     assert job.finished_at is not None and not JobAttempt.objects.filter(job=job).exists()
     assert job_of(draft).status == Status.DRAFT and job_of(running).status == Status.PROCESSING
-    assert services.jobs_cancel(user=owner, job_ids=[pending.id]) == {"cancelled": 0, "skipped": 1}  # twice: harmless
+    assert jobs_cancel(user=owner, job_ids=[pending.id]) == {"cancelled": 0, "skipped": 1}  # twice: harmless
     # the running one finishes; nothing dispatches the cancelled one after it
     inline_tasks.run()
     assert job_of(running).status == Status.COMPLETED and job_of(pending).status == Status.FAILED
@@ -105,16 +106,16 @@ def test_a_pending_job_fails_at_once_with_reason_cancelled_and_others_are_skippe
 
 def test_a_cancelled_running_job_leaves_no_album_item_and_is_not_retried(owner, project, inline_tasks, monkeypatch):
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     [waiting] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, job_ids=[waiting.id])
+    jobs_start(user=owner, project=project, job_ids=[waiting.id])
     seen = {}
 
     def submit_then_cancelled(request):
         # The user cancels (from the web process: another thread) while the provider
         # works; the provider then answers anyway.
         def cancel():
-            seen["result"] = services.jobs_cancel(user=owner, job_ids=[request.job_id])
+            seen["result"] = jobs_cancel(user=owner, job_ids=[request.job_id])
             seen["slot_free"] = Job.objects.get(id=request.job_id).slot is None
             connection.close()
 
@@ -138,12 +139,12 @@ def test_a_task_submitted_while_its_job_was_cancelled_is_cancelled_at_the_provid
     provider = provider_for(owner, "demo")
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     cancelled = []
     monkeypatch.setattr(demo, "cancel", lambda task_id, request: cancelled.append(task_id), raising=False)
 
     def submit_async(request):
-        services.jobs_cancel(user=owner, job_ids=[request.job_id])
+        jobs_cancel(user=owner, job_ids=[request.job_id])
         return Submitted(task_id="demo:late:1")
 
     monkeypatch.setattr(demo, "submit", submit_async)
@@ -156,7 +157,7 @@ def test_a_task_submitted_while_its_job_was_cancelled_is_cancelled_at_the_provid
 def test_a_detached_replicate_task_is_cancelled_at_replicate_and_its_slot_freed(owner):
     job = detached(owner, "replicate", task_id="pred42", model="black-forest-labs/flux-schnell")
     responses.add(responses.POST, f"{REPLICATE}/pred42/cancel", json=replicate_prediction("canceled", prediction_id="pred42"))
-    assert services.jobs_cancel(user=owner, job_ids=[job.id]) == {"cancelled": 1, "skipped": 0}
+    assert jobs_cancel(user=owner, job_ids=[job.id]) == {"cancelled": 1, "skipped": 0}
     job = assert_cancelled(job)
     [call] = responses.calls
     assert call.request.headers["Authorization"] == "Bearer replicate-key-123456"
@@ -170,7 +171,7 @@ def test_a_detached_replicate_task_is_cancelled_at_replicate_and_its_slot_freed(
 def test_a_detached_runninghub_task_is_cancelled_with_its_key_in_the_body(owner):
     job = detached(owner, "runninghub", task_id="2047154150516862978", model="rhart-image-n-pro/text-to-image")
     responses.add(responses.POST, RH_CANCEL, json={"code": 0, "msg": "success", "data": None})
-    services.jobs_cancel(user=owner, job_ids=[job.id])
+    jobs_cancel(user=owner, job_ids=[job.id])
     assert_cancelled(job)
     [call] = responses.calls
     assert json.loads(call.request.body) == {"apiKey": "runninghub-key-123456", "taskId": "2047154150516862978"}
@@ -180,7 +181,7 @@ def test_a_detached_runninghub_task_is_cancelled_with_its_key_in_the_body(owner)
 def test_a_detached_openai_video_is_deleted(owner):
     job = detached(owner, "openai", task_id="video_123", model="sora-2", kind="video")
     responses.add(responses.DELETE, f"{OPENAI_VIDEOS}/video_123", json={"id": "video_123", "deleted": True})
-    services.jobs_cancel(user=owner, job_ids=[job.id])
+    jobs_cancel(user=owner, job_ids=[job.id])
     assert_cancelled(job)
     assert [call.request.method for call in responses.calls] == ["DELETE"]
 
@@ -189,7 +190,7 @@ def test_a_detached_openai_video_is_deleted(owner):
 def test_a_refused_remote_cancel_is_logged_and_the_job_is_cancelled_anyway(owner, caplog):
     job = detached(owner, "replicate", task_id="pred500", model="black-forest-labs/flux-schnell")
     responses.add(responses.POST, f"{REPLICATE}/pred500/cancel", status=500, json={"detail": "boom"})
-    assert services.jobs_cancel(user=owner, job_ids=[job.id]) == {"cancelled": 1, "skipped": 0}
+    assert jobs_cancel(user=owner, job_ids=[job.id]) == {"cancelled": 1, "skipped": 0}
     assert_cancelled(job)
     assert "cancelling the remote task failed" in caplog.text and "replicate-key" not in caplog.text
 
@@ -209,12 +210,12 @@ def test_the_processing_timeout_cancels_the_remote_task_too(owner, settings):
 def test_a_cancelled_job_retries_checks_its_cancelled_task_and_submits_anew(owner, inline_tasks):
     job = detached(owner, "replicate", task_id="old1", model="black-forest-labs/flux-schnell")
     responses.add(responses.POST, f"{REPLICATE}/old1/cancel", json=replicate_prediction("canceled", prediction_id="old1"))
-    services.jobs_cancel(user=owner, job_ids=[job.id])
-    assert selectors.job_state(job_of(job), providers={}, live={}, now=timezone.now())[0] == "cancelled"
+    jobs_cancel(user=owner, job_ids=[job.id])
+    assert job_state(job_of(job), providers={}, live={}, now=timezone.now())[0] == "cancelled"
 
     responses.add(responses.GET, f"{REPLICATE}/old1", json=replicate_prediction("canceled", prediction_id="old1"))
     responses.add(responses.POST, REPLICATE, json=replicate_prediction("starting", prediction_id="new1"), status=201)
-    assert services.jobs_retry(user=owner, job_ids=[job.id]) == {"retried": [str(job.id)]}
+    assert jobs_retry(user=owner, job_ids=[job.id]) == {"retried": [str(job.id)]}
     assert job_of(job).error == ""
     inline_tasks.run()
     job = job_of(job)
@@ -223,9 +224,9 @@ def test_a_cancelled_job_retries_checks_its_cancelled_task_and_submits_anew(owne
 
 def test_cancelled_jobs_are_cleared_like_failed_ones(owner, project):
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
-    services.jobs_cancel(user=owner, job_ids=[job.id])
-    assert services.failed_jobs_clear(user=owner, project_id=project.id)["cleared"] == 1
+    jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_cancel(user=owner, job_ids=[job.id])
+    assert failed_jobs_clear(user=owner, project_id=project.id)["cleared"] == 1
     assert not Job.objects.filter(id=job.id).exists()
 
 
@@ -255,18 +256,18 @@ def test_comfyui_prompts_are_interrupted_when_running_and_deleted_when_queued(ow
     instance = ComfyInstance.objects.create(project=project, base_url=comfy.url, workflow=WORKFLOW)
     comfy.plan(Script(kind="hang"), Script(kind="hang"))
     running, queued = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     wait_for(lambda: comfy.running is not None and len(comfy.pending) == 1)
     queued_prompt = job_of(queued).task_id
     assert comfy.pending[0][1] == queued_prompt
 
-    assert services.jobs_cancel(user=owner, job_ids=[queued.id]) == {"cancelled": 1, "skipped": 0}
+    assert jobs_cancel(user=owner, job_ids=[queued.id]) == {"cancelled": 1, "skipped": 0}
     assert_cancelled(queued)
     assert comfy.pending == []  # deleted from ComfyUI's queue
     assert comfy.running is not None  # the other job's prompt runs on
 
-    services.jobs_cancel(user=owner, job_ids=[running.id])
+    jobs_cancel(user=owner, job_ids=[running.id])
     assert_cancelled(running)
     wait_for(lambda: comfy.running is None)  # our interrupt reached it
     check.check_instance(instance.id)
@@ -428,12 +429,12 @@ def test_a_detached_job_started_against_the_fake_provider_is_cancelled_there(own
         project = make_project(owner, provider, model="workflow")
         params = {"workflow_id": "1987", "prompt_node": {"nodeId": "6", "fieldName": "text"}}
         first, second = make_drafts(project, 2, params=params)
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         inline_tasks.run(limit=1)
         task_id = job_of(first).task_id
         assert task_id and job_of(second).status == Status.PENDING  # the one slot is held by the detached task
 
-        services.jobs_cancel(user=owner, job_ids=[first.id])
+        jobs_cancel(user=owner, job_ids=[first.id])
         assert_cancelled(first)
         assert fake.cancelled == [task_id]
         assert job_of(second).status == Status.PROCESSING  # the freed slot went to the next job at once
@@ -450,7 +451,7 @@ def test_many_detached_tasks_are_cancelled_at_once_not_one_after_another(owner, 
     for n in range(8):
         responses.add_callback(responses.POST, f"{REPLICATE}/many{n}/cancel", callback=slow_cancel)
     started = time.monotonic()
-    assert services.jobs_cancel(user=owner, job_ids=[job.id for job in jobs]) == {"cancelled": 8, "skipped": 0}
+    assert jobs_cancel(user=owner, job_ids=[job.id for job in jobs]) == {"cancelled": 8, "skipped": 0}
     assert time.monotonic() - started < 2.5
     assert sorted(call.request.url for call in responses.calls) == sorted(f"{REPLICATE}/many{n}/cancel" for n in range(8))
 
@@ -463,7 +464,7 @@ def test_a_finished_task_cancelled_before_its_collector_ran_is_not_collected(own
     responses.add(responses.POST, f"{REPLICATE}/done1/cancel", json=finished)
     assert poller.poll_once(now=timezone.now()) == 1
     assert [func for func, _ in inline_tasks.queue] == ["queue_app.tasks.collect_job"]  # handed to a collector
-    services.jobs_cancel(user=owner, job_ids=[job.id])
+    jobs_cancel(user=owner, job_ids=[job.id])
     inline_tasks.run()  # the collector arrives after the cancel
     assert_cancelled(job)
     assert not AlbumItem.objects.filter(job=job).exists()

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from queue_app import services
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.test_browser import browser_page, log_in, stack  # noqa: F401 (fixtures)
 
@@ -21,8 +21,8 @@ def test_a_running_job_cancelled_from_the_project_page_leaves_no_album_item(stac
     provider = make_provider(owner, concurrency=1, latency_ms=4000)
     project = make_project(owner, provider, name="Cancel")
     running, waiting = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, job_ids=[running.id])
-    services.jobs_start(user=owner, project=project, job_ids=[waiting.id])
+    jobs_start(user=owner, project=project, job_ids=[running.id])
+    jobs_start(user=owner, project=project, job_ids=[waiting.id])
     log_in(page, base, owner)
     page.goto(f"{base}/projects/{project.id}/")
     page.wait_for_selector("body[data-live='1']")
@@ -53,7 +53,7 @@ def test_jobs_ticked_on_the_monitor_stay_ticked_across_its_refresh_and_are_cance
     provider.save()
     project = make_project(owner, provider, name="Held")
     ticked, left = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     log_in(page, base, owner)
     page.goto(f"{base}/queue/")
     page.check(f"#jobs tr[data-job='{ticked.id}'] input[type=checkbox]")

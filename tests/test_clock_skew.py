@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import heartbeats
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, Job, Status
-from queue_app.service import poller, recovery
+from queue_app.queue_service import poller, recovery
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
@@ -39,7 +39,7 @@ def test_a_host_ahead_by_60_s_heals_no_live_claim_and_keeps_other_hosts_alive(ow
     provider = make_provider(owner)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)  # claimed, not taken yet
+    jobs_start(user=owner, project=project, all_drafts=True)  # claimed, not taken yet
     token = Job.objects.values_list("lease_token", flat=True).get(id=job.id)
     beat = _other_host_worker_beating()
 
@@ -55,7 +55,7 @@ def test_a_poller_ahead_by_60_s_takes_no_live_collection_hold(owner, inline_task
     provider = make_provider(owner, mode="async", latency_ms=0)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     now = db_now()
     # Another queue service handed the finished task to a collector 1 s ago.
@@ -70,7 +70,7 @@ def test_a_backoff_is_measured_on_the_database_clock(owner, inline_tasks, clock_
     provider = make_provider(owner, concurrency=1)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     token = Job.objects.values_list("lease_token", flat=True).get(id=job.id)
     assert transitions.job_requeue(job.id, token, reason="busy", error_class="transient", delay=5)
     not_before = Job.objects.values_list("not_before", flat=True).get(id=job.id)
@@ -81,13 +81,13 @@ def test_a_queue_service_ahead_by_60_s_dispatches_when_a_cool_down_ends(owner, i
     import time
 
     from queue_app.models import Provider
-    from queue_app.service.loop import QueueService
+    from queue_app.queue_service.loop import QueueService
 
     provider = make_provider(owner)
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     until = db_now() + timedelta(milliseconds=400)
     Provider.objects.filter(id=provider.id).update(paused=False, cooldown_until=until)
     service = QueueService()

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from comfy_app.models import ComfyInstance
 from comfy_app.runner import check
-from queue_app import selectors
 from queue_app.models import Status
+from queue_app.selectors.queue import jobs_page
 from tests.fakes.comfyui import Script
 from tests.test_api import api_client
 from tests.test_comfy_runner import comfy_project, job_of, start
@@ -39,7 +39,7 @@ def outage(owner, fake, inline_tasks):
 
 def test_each_affected_job_names_the_outage_and_when_in_flight_jobs_fail(owner, outage):
     project, _, jobs, expected = outage
-    rows = selectors.jobs_page(user=owner, project_id=project.id)["jobs"]
+    rows = jobs_page(user=owner, project_id=project.id)["jobs"]
     assert sorted(row["status"] for row in rows) == ["pending", "processing", "processing"]
     assert [row["instance_warning"] for row in rows] == [expected] * 3
     assert all(row["waiting_reason"] == expected for row in rows)
@@ -82,7 +82,7 @@ def test_after_the_ten_minutes_the_message_says_the_in_flight_jobs_failed_and_th
     since = ComfyInstance.objects.get(id=instance.id).unreachable_since
     later = since + timedelta(minutes=10)
     check.check_instance(instance.id, now=later)
-    rows = selectors.jobs_page(user=owner, project_id=project.id, state="active", now=later)["jobs"]
+    rows = jobs_page(user=owner, project_id=project.id, state="active", now=later)["jobs"]
     waiting = [row for row in rows if row["status"] == "pending"]
     assert len(waiting) == 3 - sum(job_of(job).status == Status.FAILED for job in jobs) == 1
     assert "in-flight jobs failed at" in waiting[0]["instance_warning"]
@@ -92,5 +92,5 @@ def test_after_the_ten_minutes_the_message_says_the_in_flight_jobs_failed_and_th
 def test_a_healthy_instance_adds_no_warning(owner, fake, inline_tasks):
     project, _ = comfy_project(owner, fake)
     start(owner, project)
-    rows = selectors.jobs_page(user=owner, project_id=project.id)["jobs"]
+    rows = jobs_page(user=owner, project_id=project.id)["jobs"]
     assert rows[0]["instance_warning"] == "" and rows[0]["waiting_reason"] == ""

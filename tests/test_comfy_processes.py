@@ -6,8 +6,8 @@ import time
 import pytest
 
 from comfy_app.models import ComfyInstance
-from queue_app import services
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project
 from tests.fakes.comfyui import WORKFLOW, Script
@@ -28,7 +28,7 @@ def test_killing_workers_and_queue_service_mid_prompt_completes_the_job_once(own
     logs = tmp_path / "logs"
     cluster, service = procs.qcluster(logs, workers=2), procs.queue_service(logs)
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: fake.running is not None and len(fake.posted) == 2, timeout=60, message="two prompts posted")
         cluster.kill()
         service.kill()

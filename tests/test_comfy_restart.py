@@ -14,6 +14,7 @@ from django.utils import timezone
 from comfy_app.models import ComfyInstance, ComfyRun, ComfyUpload
 from comfy_app.runner import check, claim
 from queue_app.models import AlbumItem, JobAttempt, Status
+from queue_app.services.jobs import jobs_retry
 from tests.fakes.comfyui import Script, png_of_size
 from tests.test_comfy_runner import BINDINGS, LOADING, comfy_project, data_url, done, drive, job_of, start, wait_fake
 from tests.test_comfy_runner import fake as fake  # noqa: F401  (the fixture)
@@ -127,14 +128,13 @@ def test_a_history_gap_after_an_outage_is_waited_out_not_taken_for_a_restart(own
 
 
 def test_attempt_numbers_continue_across_a_users_retry(owner, fake, inline_tasks):
-    from queue_app import services
 
     project, instance = comfy_project(owner, fake)
     fake.plan(Script(kind="error"))
     [job] = start(owner, project)
     drive(instance, inline_tasks, done(job))
     assert job_of(job).status == Status.FAILED
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     drive(instance, inline_tasks, lambda: job_of(job).status == Status.COMPLETED)
     numbers = [number for number, _ in attempts_of(job)]
     assert numbers == sorted(numbers) and numbers[0] == 1 and numbers[-1] == 2

@@ -16,8 +16,8 @@ from comfy_app import runner
 from comfy_app.models import ComfyInstance, ComfyRun
 from comfy_app.runner import check, claim
 from comfy_app.runner.instance import acquire_driver
-from queue_app import services
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
+from queue_app.services.jobs import jobs_retry, jobs_start
 from tests.conftest import make_drafts, make_project
 from tests.fakes.comfyui import WORKFLOW, Script, png_of_size
 
@@ -59,7 +59,7 @@ def drive(instance, inline_tasks, until, *, timeout=20.0, now=None, checks=None)
 
 def start(owner, project, n=1, **fields):
     jobs = make_drafts(project, n, **fields)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     return jobs
 
 
@@ -119,7 +119,7 @@ def test_video_is_stored_only_when_the_job_asks_for_it(owner, fake, inline_tasks
     fake.plan(Script(video=True), Script(video=True))
     plain, wants_video = make_drafts(project, 2)
     Job.objects.filter(id=wants_video.id).update(params={"video": True})
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     drive(instance, inline_tasks, done(plain, wants_video))
     assert list(AlbumItem.objects.filter(job=plain).values_list("kind", flat=True)) == ["image"]
     assert sorted(AlbumItem.objects.filter(job=wants_video).values_list("kind", flat=True)) == ["image", "video"]
@@ -480,7 +480,7 @@ def test_three_failed_checks_fail_the_job_keeping_its_prompt_id_and_a_retry_coll
     assert failed.status == Status.FAILED and "failed 3 times in a row" in failed.error and "HTTP 500" in failed.error
     assert failed.task_id == fake.posted[0]["prompt_id"]
     wait_fake(fake, lambda: len(fake.runs) == 1)
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     drive(instance, inline_tasks, done(job))
     assert job_of(job).status == Status.COMPLETED
     assert len(fake.posted) == 1  # downloaded, not generated again
@@ -571,7 +571,7 @@ def test_a_stalled_download_is_abandoned_after_the_idle_limit_and_a_retry_downlo
     assert failed.status == Status.FAILED and "no data arrived for 0.3 s" in failed.error
     assert failed.task_id == fake.posted[0]["prompt_id"]
     fake.stall_downloads = 0
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     drive(instance, inline_tasks, done(job))
     assert job_of(job).status == Status.COMPLETED and len(fake.posted) == 1
     assert AlbumItem.objects.get(job=job).size == 300_000
@@ -646,7 +646,7 @@ def test_a_retry_that_generates_again_reuses_the_recorded_seed(owner, fake, inli
     [job] = start(owner, project, references=[data_url(png_of_size(500))])
     drive(instance, inline_tasks, done(job))
     assert job_of(job).status == Status.FAILED
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     drive(instance, inline_tasks, lambda: job_of(job).status == Status.COMPLETED)
     first, second = (p["body"]["prompt"]["4"]["inputs"]["seed"] for p in fake.posted)
     assert first == second == job_of(job).params["seeds"]["4.seed"]
@@ -688,7 +688,7 @@ def test_a_driver_whose_process_died_on_this_host_is_replaced_at_once(owner, fak
 
 
 def test_healing_leaves_comfyui_jobs_to_their_runner(owner, fake, inline_tasks):
-    from queue_app.service import recovery
+    from queue_app.queue_service import recovery
 
     project, instance = comfy_project(owner, fake)
     fake.plan(Script(seconds=5))

@@ -6,7 +6,7 @@ import pytest
 
 from comfy_app import services
 from comfy_app.models import ComfyInstance
-from queue_app.services import ServiceError
+from queue_app.services.errors import ServiceError
 from tests.conftest import make_project
 from tests.fakes.comfyui import WORKFLOW
 

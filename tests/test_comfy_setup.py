@@ -10,7 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from comfy_app import services, setup
 from comfy_app.models import ComfyAllowedHost, ComfyInstance
 from queue_app.providers import net
-from queue_app.services import ServiceError
+from queue_app.services.errors import ServiceError
 from tests.conftest import make_project
 from tests.fakes.comfyui import WORKFLOW, FakeComfyUI
 

@@ -7,6 +7,7 @@ import responses
 from django.db import connection
 
 from queue_app.models import Job, Provider
+from queue_app.services.jobs import jobs_start
 from tests.factories import make_provider
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import openai_error, openai_images
@@ -65,7 +66,6 @@ def test_the_provider_form_is_write_only_and_blank_keeps_the_key(client, owner, 
 def test_the_key_never_reaches_the_logs(owner, keyed, caplog, inline_tasks, monkeypatch):
     """The worker really runs both jobs against a fake OpenAI: one completes, the other is
     refused with an answer that echoes the key (OpenAI's "Incorrect API key provided: …")."""
-    from queue_app import services
     from tests.conftest import statuses
     from tests.factories import make_drafts, make_project
 
@@ -80,7 +80,7 @@ def test_the_key_never_reaches_the_logs(owner, keyed, caplog, inline_tasks, monk
     caplog.set_level(logging.DEBUG)
     project = make_project(owner, keyed, model="gpt-image-1")
     jobs = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
 
     # an account problem: the job waits again and the provider is paused until someone looks

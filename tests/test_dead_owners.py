@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import heartbeats, transitions
 from queue_app.models import Heartbeat, Job, Status
-from queue_app.service import recovery
+from queue_app.queue_service import recovery
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,7 +40,7 @@ def handed_out(owner, inline_tasks):
     provider = make_provider(owner)
     project = make_project(owner, provider)
     [job] = make_drafts(project, 1)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     job.refresh_from_db()
     assert job.status == Status.PROCESSING and job.lease_owner == "" and job.lease_expires_at > timezone.now()
     inline_tasks.queue.clear()  # the hand-off went into the dead cluster's local queue
@@ -153,7 +153,7 @@ def running_jobs(owner, inline_tasks, n, lease_owner):
     provider = make_provider(owner, concurrency=n)
     project = make_project(owner, provider)
     jobs = make_drafts(project, n)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.queue.clear()
     Job.objects.filter(project=project).update(lease_owner=lease_owner, lease_expires_at=timezone.now() + timedelta(seconds=10))
     return jobs
@@ -213,7 +213,7 @@ def test_a_running_job_on_a_silent_host_keeps_its_lease_until_it_expires(owner, 
 
 
 def test_a_killed_workers_jobs_are_healed_within_the_dead_owner_cadence_not_the_heal_interval(owner, inline_tasks, settings):
-    from queue_app.service.loop import QueueService
+    from queue_app.queue_service.loop import QueueService
 
     settings.HEAL_INTERVAL_SECONDS = 60  # the full heal will not come round in this test
     settings.DEAD_OWNER_SECONDS = 0.2

@@ -10,11 +10,11 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import backoff, dispatch, outputs
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
-from queue_app.service import poller
+from queue_app.queue_service import poller
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,7 +63,7 @@ def test_a_full_disk_leaves_no_item_and_no_file_and_the_job_waits_with_the_reaso
     provider = make_provider(owner)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.PENDING and "media disk is full" in job.error
@@ -83,7 +83,7 @@ def test_a_collected_task_is_collected_again_not_resubmitted_after_the_disk_free
     provider = make_provider(owner, mode="async")
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()  # submitted, detached
     assert poller.poll_once(now=timezone.now() + timedelta(seconds=60)) == 1
     inline_tasks.run()  # the collection hits the full disk
@@ -104,7 +104,7 @@ def test_a_disk_that_stays_full_fails_the_job_with_the_reason_after_its_attempts
     provider.save()
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job = _when_space_returns(job, inline_tasks)
     assert job.status == Status.FAILED and "media disk is full" in job.error and "gave up after 2" in job.error
@@ -118,7 +118,7 @@ def test_nothing_is_sent_to_the_provider_while_the_media_disk_is_full(owner, inl
     real_usage = outputs.shutil.disk_usage
     monkeypatch.setattr(outputs.shutil, "disk_usage", lambda path: real_usage(path)._replace(free=0))
     settings.MEDIA_ROOT.mkdir(parents=True, exist_ok=True)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     assert demo.calls(provider.id) == []  # a result that could not be stored is not paid for

@@ -11,8 +11,11 @@ import time
 import pytest
 from PIL import Image
 
-from queue_app import services
 from queue_app.models import Job, Reference, Status
+from queue_app.services.drafts import draft_update, jobs_create_drafts
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_start
+from queue_app.services.storage import reference_store
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,8 +58,8 @@ def test_without_the_switch_a_multi_line_prompt_is_one_draft(signed_in, project)
 
 def test_per_line_over_the_request_limit_creates_nothing_and_says_the_count(owner, project):
     prompt = "\n".join(f"p{i}" for i in range(300))
-    with pytest.raises(services.ServiceError, match="600 drafts"):
-        services.jobs_create_drafts(user=owner, project=project, prompt=prompt, quantity=2, per_line=True)
+    with pytest.raises(ServiceError, match="600 drafts"):
+        jobs_create_drafts(user=owner, project=project, prompt=prompt, quantity=2, per_line=True)
     assert not Job.objects.exists()
 
 
@@ -132,8 +135,8 @@ def test_a_bad_edit_changes_nothing_and_keeps_what_was_typed(signed_in, project)
 def test_a_started_job_can_no_longer_be_edited(owner, project):
     [job] = make_drafts(project, 1)
     Job.objects.filter(id=job.id).update(status=Status.PENDING)
-    with pytest.raises(services.ServiceError, match="no longer a draft"):
-        services.draft_update(user=owner, job_id=job.id, prompt="new", provider=None, settings_={})
+    with pytest.raises(ServiceError, match="no longer a draft"):
+        draft_update(user=owner, job_id=job.id, prompt="new", provider=None, settings_={})
     assert Job.objects.get(id=job.id).prompt == job.prompt
 
 
@@ -146,7 +149,7 @@ def test_another_users_draft_cannot_be_edited(client, outsider, project):
 
 
 def test_duplicate_copies_prompt_settings_and_references(signed_in, owner, project):
-    sha = services.reference_store(owner, png_bytes())
+    sha = reference_store(owner, png_bytes())
     [job] = make_drafts(project, 1, quality="high", references=[f"ref:{sha}"])
     body = fetch_post(signed_in, f"/projects/{project.id}/drafts/duplicate", {"job": [str(job.id)]})
     assert body["messages"][0]["text"] == "1 draft(s) duplicated"
@@ -205,12 +208,12 @@ def test_the_provider_select_follows_the_choice_and_lists_only_families_of_the_p
 
 def test_a_provider_of_another_user_or_the_wrong_kind_is_refused(owner, outsider, project):
     theirs = make_provider(outsider, name="Theirs")
-    with pytest.raises(services.ServiceError, match="provider not found"):
-        services.jobs_create_drafts(user=owner, project=project, prompt="x", provider=theirs)
+    with pytest.raises(ServiceError, match="provider not found"):
+        jobs_create_drafts(user=owner, project=project, prompt="x", provider=theirs)
     audio_project = make_project(owner, None, name="Songs", kind="audio")
     replicate = make_provider(owner, name="Rep", family="civitai")
-    with pytest.raises(services.ServiceError, match="does not make audio outputs"):
-        services.jobs_create_drafts(user=owner, project=audio_project, prompt="x", provider=replicate)
+    with pytest.raises(ServiceError, match="does not make audio outputs"):
+        jobs_create_drafts(user=owner, project=audio_project, prompt="x", provider=replicate)
     assert not Job.objects.exists()
 
 
@@ -226,8 +229,8 @@ def test_the_page_refuses_a_model_the_chosen_provider_does_not_offer(signed_in, 
 
 def test_the_resolved_snapshot_uses_the_drafts_provider(owner, project, inline_tasks):
     other = make_provider(owner, name="Second demo")
-    services.jobs_create_drafts(user=owner, project=project, prompt="x", provider=other)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_create_drafts(user=owner, project=project, prompt="x", provider=other)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job = Job.objects.get()
     assert job.status == Status.COMPLETED and job.resolved["provider_id"] == other.id

@@ -5,9 +5,11 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import dispatch, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Provider, Status
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import failed_jobs_clear, jobs_retry, jobs_start
+from queue_app.services.providers import provider_set_concurrency, provider_set_paused
 from tests.conftest import make_drafts, make_project, make_provider, status_of, statuses
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -15,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_it_runs_started_drafts_to_completed_with_one_album_item_each(owner, project, inline_tasks):
     jobs = make_drafts(project, 3)
-    result = services.jobs_start(user=owner, project=project, all_drafts=True)
+    result = jobs_start(user=owner, project=project, all_drafts=True)
     assert len(result["started"]) == 3
     # concurrency 1: exactly one job claimed, the rest queued
     assert statuses(jobs).count(Status.PROCESSING) == 1
@@ -31,7 +33,7 @@ def test_it_claims_into_free_slots_in_start_order(owner, inline_tasks):
     provider = make_provider(owner, concurrency=2)
     project = make_project(owner, provider)
     jobs = make_drafts(project, 4)
-    services.jobs_start(user=owner, project=project, job_ids=[j.id for j in reversed(jobs)])
+    jobs_start(user=owner, project=project, job_ids=[j.id for j in reversed(jobs)])
     processing = Job.objects.filter(status=Status.PROCESSING).order_by("slot")
     assert [j.slot for j in processing] == [0, 1]
     assert len(inline_tasks.executions()) == 2
@@ -39,9 +41,9 @@ def test_it_claims_into_free_slots_in_start_order(owner, inline_tasks):
 
 def test_start_all_drafts_never_duplicates_pending_or_processing(owner, project, inline_tasks):
     jobs = make_drafts(project, 2)
-    first = services.jobs_start(user=owner, project=project, all_drafts=True)
-    again = services.jobs_start(user=owner, project=project, all_drafts=True)
-    selected_again = services.jobs_start(user=owner, project=project, job_ids=[j.id for j in jobs])
+    first = jobs_start(user=owner, project=project, all_drafts=True)
+    again = jobs_start(user=owner, project=project, all_drafts=True)
+    selected_again = jobs_start(user=owner, project=project, job_ids=[j.id for j in jobs])
     assert len(first["started"]) == 2 and again["started"] == [] and selected_again["started"] == []
     assert Job.objects.count() == 2
 
@@ -49,8 +51,8 @@ def test_start_all_drafts_never_duplicates_pending_or_processing(owner, project,
 def test_start_refuses_jobs_of_another_project(owner, project, provider, inline_tasks):
     other = make_project(owner, provider, name="Other")
     foreign = make_drafts(other, 1)
-    with pytest.raises(services.ServiceError):
-        services.jobs_start(user=owner, project=project, job_ids=[foreign[0].id])
+    with pytest.raises(ServiceError):
+        jobs_start(user=owner, project=project, job_ids=[foreign[0].id])
     assert status_of(foreign[0]) == Status.DRAFT
 
 
@@ -59,10 +61,10 @@ def test_storage_estimate_refuses_the_whole_start_and_changes_nothing(owner, pro
     owner.account.save()
     Provider.objects.filter(id=project.provider_id).update(paused=True)
     first = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, job_ids=[j.id for j in first])
+    jobs_start(user=owner, project=project, job_ids=[j.id for j in first])
     more = make_drafts(project, 1, prompt="one too many")
-    with pytest.raises(services.ServiceError) as refused:
-        services.jobs_start(user=owner, project=project, job_ids=[more[0].id])
+    with pytest.raises(ServiceError) as refused:
+        jobs_start(user=owner, project=project, job_ids=[more[0].id])
     assert "Storage limit exceeded" in refused.value.message and refused.value.code == 403
     assert status_of(more[0]) == Status.DRAFT
 
@@ -71,7 +73,7 @@ def test_permanent_failure_fails_the_job_with_the_reason(owner, inline_tasks):
     provider = make_provider(owner, fail_rate=1, fail_kind="permanent")
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_class == "permanent" and "refused" in job.error
@@ -86,7 +88,7 @@ def test_transient_failures_back_off_then_give_up_after_max_attempts(owner, inli
     provider.save()
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED
@@ -99,7 +101,7 @@ def test_transient_failure_sets_not_before_within_the_backoff_bound(owner, inlin
     provider = make_provider(owner, fail_rate=1)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     before = timezone.now()
     inline_tasks.run()
     job.refresh_from_db()
@@ -112,7 +114,7 @@ def test_rate_limit_cools_the_provider_down_and_refunds_the_attempt(owner, inlin
     provider = make_provider(owner, fail_rate=1, fail_kind="rate_limit", retry_after=30)
     project = make_project(owner, provider)
     jobs = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     provider.refresh_from_db()
     assert provider.cooldown_until > timezone.now() + timezone.timedelta(seconds=25)
@@ -125,7 +127,7 @@ def test_rate_limit_cools_the_provider_down_and_refunds_the_attempt(owner, inlin
 
 def test_a_stale_worker_writes_nothing(owner, project, inline_tasks, settings):
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     [(job_id, token)] = inline_tasks.executions()
     # The job is taken from this worker (healed after its lease lapsed) and re-claimed.
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timezone.timedelta(seconds=1))
@@ -142,7 +144,7 @@ def test_retry_moves_failed_jobs_back_and_keeps_the_task_id(owner, project, inli
     [job] = make_drafts(project)
     Job.objects.filter(id=job.id).update(status=Status.FAILED, task_id="demo:x:0", error="disk full", error_class="local")
     Provider.objects.filter(id=project.provider_id).update(paused=True)
-    result = services.jobs_retry(user=owner, job_ids=[job.id])
+    result = jobs_retry(user=owner, job_ids=[job.id])
     job.refresh_from_db()
     assert result["retried"] == [str(job.id)]
     assert job.status == Status.PENDING and job.task_id == "demo:x:0" and job.error == ""
@@ -152,7 +154,7 @@ def test_retry_after_local_failure_collects_the_existing_result_without_submitti
     provider = make_provider(owner, mode="async", latency_ms=0)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     task_id = job.task_id
@@ -162,7 +164,7 @@ def test_retry_after_local_failure_collects_the_existing_result_without_submitti
     from queue_app.providers import demo
 
     submissions_before = len(demo.calls(provider.id))
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and job.task_id == task_id
@@ -178,7 +180,7 @@ def test_clear_failed_by_scope_leaves_album_items_and_other_scopes(owner, scope,
     item = AlbumItem.objects.create(project=a, owner=owner, job=ja, kind="image", size=1)
     Job.objects.filter(id__in=[ja.id, jb.id]).update(status=Status.FAILED, error="x")
     kwargs = {"all": {}, "project": {"project_id": a.id}, "provider": {"provider_id": p1.id}}[scope]
-    result = services.failed_jobs_clear(user=owner, **kwargs)
+    result = failed_jobs_clear(user=owner, **kwargs)
     assert not Job.objects.filter(id=ja.id).exists()
     assert Job.objects.filter(id=jb.id).exists() == (scope != "all")
     assert result["cleared"] == (2 if scope == "all" else 1)
@@ -190,9 +192,9 @@ def test_clear_failed_never_touches_another_users_jobs(owner, outsider, inline_t
     theirs = make_project(outsider, make_provider(outsider))
     [job] = make_drafts(theirs)
     Job.objects.filter(id=job.id).update(status=Status.FAILED)
-    assert services.failed_jobs_clear(user=owner)["cleared"] == 0
-    with pytest.raises(services.ServiceError):
-        services.failed_jobs_clear(user=owner, project_id=theirs.id)
+    assert failed_jobs_clear(user=owner)["cleared"] == 0
+    with pytest.raises(ServiceError):
+        failed_jobs_clear(user=owner, project_id=theirs.id)
     assert Job.objects.filter(id=job.id).exists()
 
 
@@ -200,11 +202,11 @@ def test_raising_concurrency_dispatches_at_once_and_lowering_cancels_nothing(own
     provider = make_provider(owner, concurrency=1)
     project = make_project(owner, provider)
     jobs = make_drafts(project, 4)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     assert statuses(jobs).count(Status.PROCESSING) == 1
-    services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=3)
+    provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=3)
     assert statuses(jobs).count(Status.PROCESSING) == 3
-    services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
+    provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
     assert statuses(jobs).count(Status.PROCESSING) == 3
 
 
@@ -214,9 +216,9 @@ def test_a_lowered_limit_claims_nothing_while_work_in_a_higher_slot_still_runs(o
     provider = make_provider(owner, concurrency=2)
     project = make_project(owner, provider)
     first, second, waiting = make_drafts(project, 3)
-    services.jobs_start(user=owner, project=project, job_ids=[first.id, second.id])
+    jobs_start(user=owner, project=project, job_ids=[first.id, second.id])
     slots = dict(Job.objects.filter(status=Status.PROCESSING).values_list("slot", "id"))
-    services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
+    provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
     Provider.objects.filter(id=provider.id).update(options={"latency_ms": 0})
     low = next(args for args in inline_tasks.executions() if args[0] == str(slots[0]))
     inline_tasks.queue = [(func, args) for func, args in inline_tasks.queue if args != low]
@@ -224,7 +226,7 @@ def test_a_lowered_limit_claims_nothing_while_work_in_a_higher_slot_still_runs(o
 
     tasks.execute_job(*low)  # the job in slot 0 completes
     assert status_of(Job.objects.get(id=slots[0])) == Status.COMPLETED
-    services.jobs_start(user=owner, project=project, job_ids=[waiting.id])
+    jobs_start(user=owner, project=project, job_ids=[waiting.id])
     assert dispatch.dispatch(provider.id) == []
     assert list(Job.objects.filter(status=Status.PROCESSING).values_list("slot", flat=True)) == [1]
     assert status_of(waiting) == Status.PENDING
@@ -233,11 +235,11 @@ def test_a_lowered_limit_claims_nothing_while_work_in_a_higher_slot_still_runs(o
 def test_paused_provider_dispatches_nothing_until_resumed(owner, inline_tasks):
     provider = make_provider(owner, concurrency=2)
     project = make_project(owner, provider)
-    services.provider_set_paused(user=owner, provider_id=provider.id, paused=True)
+    provider_set_paused(user=owner, provider_id=provider.id, paused=True)
     jobs = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     assert statuses(jobs) == [Status.PENDING] * 2
-    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    provider_set_paused(user=owner, provider_id=provider.id, paused=False)
     assert statuses(jobs) == [Status.PROCESSING] * 2
 
 
@@ -246,8 +248,8 @@ def test_text_and_audio_results_become_album_items(owner, inline_tasks):
     text_project = make_project(owner, provider, kind="text", model="demo-text")
     audio_project = make_project(owner, provider, kind="audio", model="demo-audio")
     [t], [a] = make_drafts(text_project), make_drafts(audio_project)
-    services.jobs_start(user=owner, project=text_project, all_drafts=True)
-    services.jobs_start(user=owner, project=audio_project, all_drafts=True)
+    jobs_start(user=owner, project=text_project, all_drafts=True)
+    jobs_start(user=owner, project=audio_project, all_drafts=True)
     inline_tasks.run()
     text_item, audio_item = AlbumItem.objects.get(job=t), AlbumItem.objects.get(job=a)
     assert text_item.kind == "text" and "Demo answer" in text_item.text
@@ -256,7 +258,7 @@ def test_text_and_audio_results_become_album_items(owner, inline_tasks):
 
 def test_over_quota_result_fails_the_job_and_leaves_no_file(owner, project, inline_tasks, settings):
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     owner.account.storage_limit_bytes = 10  # the estimate passed; the real size does not
     owner.account.save()
     inline_tasks.run()
@@ -271,7 +273,7 @@ def test_snapshot_resolves_the_effective_provider_and_closest_shape(owner, inlin
     provider = make_provider(owner)
     project = make_project(owner, provider, aspect_ratio="1536x1024")
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     job.refresh_from_db()
     assert job.resolved["provider_id"] == provider.id
     assert job.resolved["aspect_ratio"] == "3:2"
@@ -288,7 +290,7 @@ def test_an_account_problem_pauses_the_provider_and_keeps_the_jobs_queued(owner,
     provider = make_provider(owner, concurrency=2, fail_rate=1, fail_kind="account")
     project = make_project(owner, provider)
     jobs = make_drafts(project, 3)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     provider.refresh_from_db()
     assert provider.paused and "no credit" in provider.paused_reason
@@ -298,7 +300,7 @@ def test_an_account_problem_pauses_the_provider_and_keeps_the_jobs_queued(owner,
     assert row["waiting"] == 3 and list(row["waiting_reasons"]) == [f"provider paused: {provider.paused_reason}"]
     # a person fixes the account and resumes: the reason is cleared and the jobs run
     Provider.objects.filter(id=provider.id).update(options={"latency_ms": 0})
-    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    provider_set_paused(user=owner, provider_id=provider.id, paused=False)
     inline_tasks.run()
     assert statuses(jobs) == [Status.COMPLETED] * 3
     assert Provider.objects.get(id=provider.id).paused_reason == ""
@@ -308,7 +310,7 @@ def test_a_job_claimed_before_a_429_is_not_sent_into_the_cooldown(owner, inline_
     provider = make_provider(owner, concurrency=2)
     project = make_project(owner, provider)
     jobs = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     assert len(inline_tasks.executions()) == 2
     from queue_app.engine.provider_state import cool_down
     from queue_app.providers import demo
@@ -329,7 +331,7 @@ def test_the_attempt_is_completed_in_the_same_commit_as_the_job(owner, project, 
     first, second = make_drafts(project, 2)
     project.provider.concurrency = 2
     project.provider.save()
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     tokens = {str(job_id): token for job_id, token in inline_tasks.executions()}
     image = Output(kind="text", text="done")
 

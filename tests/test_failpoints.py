@@ -4,10 +4,10 @@ one album item, and a remote submission count that says what the crash cost."""
 
 import pytest
 
-from queue_app import services
 from queue_app.engine import heartbeats
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -32,7 +32,7 @@ def _crash_in_worker(owner, tmp_path, failpoint: str, **options):
     logs = tmp_path / "logs"
     cluster = procs.qcluster(logs, workers=1, FAILPOINTS=failpoint)
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: _worker_died(job), timeout=60, message=f"a worker to exit at {failpoint}")
     except AssertionError:
         print(Job.objects.filter(id=job.id).values().first(), list(JobAttempt.objects.filter(job=job).values()))
@@ -121,7 +121,7 @@ def test_mid_poll_the_queue_service_dies_and_the_task_is_collected_not_resubmitt
     cluster = procs.qcluster(logs, workers=1)
     service = procs.queue_service(logs, FAILPOINTS="mid_poll")
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: not service.alive(), timeout=60, message="the queue service to exit mid poll")
         assert service.popen.returncode == 137
         job.refresh_from_db()

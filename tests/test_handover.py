@@ -10,9 +10,11 @@ import pytest
 from django.db import IntegrityError, OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from queue_app import providers, services
+from queue_app import providers
 from queue_app.engine import dispatch, heartbeats
 from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.services.jobs import jobs_start
+from queue_app.services.providers import provider_set_paused
 from queue_app.worker import execute
 from tests.conftest import is_postgres, make_drafts, make_project, make_provider, status_of
 
@@ -24,7 +26,7 @@ def pending(owner, provider, n):
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     jobs = make_drafts(project, n)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     Provider.objects.filter(id=provider.id).update(paused=False)
     return jobs
 
@@ -113,7 +115,7 @@ def test_a_paused_provider_gets_no_handover_and_its_resume_dispatches(owner, inl
 
     run_logged(monkeypatch, first, before_call=pause_before_first_call)
     assert [status_of(job) for job in jobs] == [Status.COMPLETED, Status.PENDING]
-    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    provider_set_paused(user=owner, provider_id=provider.id, paused=False)
     assert status_of(jobs[1]) == Status.PROCESSING
     assert len(inline_tasks.executions()) == 1
 

@@ -10,10 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import heartbeats
 from queue_app.models import Job, JobAttempt, Provider, Status
 from queue_app.selectors import history as selectors_history
+from queue_app.services.jobs import jobs_start
 from queue_app.web import charts
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -30,7 +30,7 @@ def ran(owner, inline_tasks):
     for provider, n in ((fast, 5), (broken, 3)):
         project = make_project(owner, provider, name=f"{provider.name} project")
         make_drafts(project, n)
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     return {"fast": fast, "broken": broken}
 
@@ -135,7 +135,7 @@ def test_a_provider_with_work_and_no_live_worker_is_flagged(client, owner, ran):
 
     Heartbeat.objects.all().delete()
     project = make_project(owner, ran["fast"], name="Orphan")
-    services.jobs_start(user=owner, project=project, job_ids=[make_drafts(project, 1)[0].id])
+    jobs_start(user=owner, project=project, job_ids=[make_drafts(project, 1)[0].id])
     client.force_login(owner)
     rows = {p["name"]: p for p in client.get("/queue/").context["summary"]["providers"]}
     assert "no_worker" in [a["kind"] for a in rows["Fast"]["alerts"]]

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from queue_app.engine import dispatch, hot_sql, model_sql, runners
+from queue_app.engine import dispatch, hot_sql, model_sql, runner_registry
 from queue_app.models import Job, Project, Provider, Status
 from tests.conftest import is_postgres, make_drafts, make_project, make_provider
 
@@ -46,7 +46,7 @@ def test_the_claims_candidates_are_the_orms_rows_in_its_order(owner):
         orm = list(dispatch.dispatchable_jobs(provider.id).select_related("project")[:limit])
         with CaptureQueriesContext(connection) as reads:
             written = hot_sql.dispatchable_with_projects(
-                provider.id, projects=projects, excluded_kinds=runners.kinds(), limit=limit, skip_locked=True
+                provider.id, projects=projects, excluded_kinds=runner_registry.kinds(), limit=limit, skip_locked=True
             )
         # Fewer than 50 are due: only then is every pending job read after the heads.
         assert len(reads.captured_queries) == (2 if limit == 50 else 1)

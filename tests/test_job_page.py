@@ -7,6 +7,7 @@ import re
 import pytest
 
 from queue_app.models import AlbumItem, Job, JobAttempt, Provider, Status
+from queue_app.services.jobs import jobs_cancel, jobs_retry, jobs_start
 from tests import procs
 from tests.conftest import CHROMIUM, make_drafts, make_project, make_provider
 from tests.test_browser import log_in
@@ -110,13 +111,13 @@ def test_the_fragment_is_the_sections_alone(signed_in, project):
 
 def _an_event_commits_during(monkeypatch, name, owner, job):
     """While the page reads its state, the job is retried elsewhere (its event commits)."""
-    from queue_app import selectors, services
+    from queue_app import selectors
 
     real = getattr(selectors, name)
 
     def read_while_it_changes(*args, **kwargs):
         if Job.objects.filter(id=job.id, status=Status.FAILED).exists():
-            services.jobs_retry(user=owner, job_ids=[job.id])
+            jobs_retry(user=owner, job_ids=[job.id])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(selectors, name, read_while_it_changes)
@@ -151,8 +152,6 @@ def test_another_users_job_is_not_found_and_cannot_be_retried(client, outsider, 
 def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    from queue_app import services
-
     [job] = make_drafts(project)
     Job.objects.filter(id=job.id).update(status=Status.FAILED, error="the provider was down")
     web = procs.daphne(tmp_path / "logs")
@@ -167,7 +166,7 @@ def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_
             assert page.get_attribute("#job-summary .chip", "data-status") == "failed" and page.locator("#job-retry").count()
             page.evaluate("window.__sameDocument = 'yes'")
             # Retried elsewhere (another tab, the API): this page follows over the socket.
-            services.jobs_retry(user=owner, job_ids=[job.id])
+            jobs_retry(user=owner, job_ids=[job.id])
             page.wait_for_function("document.querySelector('#job-summary .chip').dataset.status !== 'failed'")
             assert page.evaluate("window.__sameDocument") == "yes"
             assert page.locator("#job-retry").count() == 0 and page.locator("#job-error").count() == 0
@@ -177,14 +176,13 @@ def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_
 
 
 def test_a_cancelled_job_says_cancelled_once(signed_in, owner):
-    from queue_app import services
 
     provider = make_provider(owner)
     Provider.objects.filter(id=provider.id).update(paused=True)  # the job stays pending
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, job_ids=[job.id])
-    services.jobs_cancel(user=owner, job_ids=[job.id])
+    jobs_start(user=owner, project=project, job_ids=[job.id])
+    jobs_cancel(user=owner, job_ids=[job.id])
     html = signed_in.get(f"/jobs/{job.id}/").content.decode()
     error = html[html.index('id="job-error"') : html.index("</p>", html.index('id="job-error"'))]
     assert error.count("cancelled") == 1, error
@@ -195,7 +193,6 @@ def test_a_cancelled_job_says_cancelled_once(signed_in, owner):
 def test_an_older_fragment_answering_last_does_not_stand_over_the_newer_state(owner, project, tmp_path, chromium):
     """Two events close together on a loaded server: the first event's fragment answers
     after the second's. The page must end on the newer state, not the older answer."""
-    from queue_app import services
 
     [job] = make_drafts(project)
     Job.objects.filter(id=job.id).update(status=Status.FAILED, error="the provider was down")
@@ -218,9 +215,9 @@ def test_an_older_fragment_answering_last_does_not_stand_over_the_newer_state(ow
         page.wait_for_selector("body[data-live='1']")
         page.route(re.compile(r"/jobs/[^/]+/\?fragment=1$"), hold_the_first_answer)
 
-        services.jobs_retry(user=owner, job_ids=[job.id])
+        jobs_retry(user=owner, job_ids=[job.id])
         procs.wait_for(lambda: page.wait_for_timeout(50) or held, timeout=20, message="the first fragment request")
-        services.jobs_cancel(user=owner, job_ids=[job.id])
+        jobs_cancel(user=owner, job_ids=[job.id])
         # The cancel's event reaches the page; a page that loads again while the first load
         # is in flight sends its second request now (and gets the cancelled state).
         page.wait_for_function("window.__liveSeen.includes('failed')")

@@ -6,9 +6,9 @@ import tracemalloc
 
 import pytest
 
-from queue_app import services
 from queue_app.engine import dispatch
 from queue_app.models import Job, Provider, Status
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,7 +20,7 @@ def test_dispatch_under_a_huge_concurrency_costs_what_its_jobs_cost(owner, monke
     Provider.objects.filter(id=provider.id).update(paused=True)  # nothing dispatches while we set up
     project = make_project(owner, provider)
     make_drafts(project, 3)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     # The database now refuses a concurrency above limits.CONCURRENCY, so the row is read
     # back as if it held the largest value the column holds on every database (dispatch
     # used to build a list of this many slot numbers while holding the provider lock):
@@ -51,7 +51,7 @@ def test_claims_never_pass_a_lowered_limit_while_higher_slots_are_held(owner):
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     jobs = make_drafts(project, 4)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     Provider.objects.filter(id=provider.id).update(paused=False)
     assert len(dispatch.dispatch(provider.id)) == 3
     Job.objects.filter(slot=0).update(status=Status.COMPLETED, slot=None, active_provider=None)

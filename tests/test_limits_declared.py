@@ -10,8 +10,10 @@ from django.db import IntegrityError, transaction
 from django.test import Client
 
 from comfy_app import services as comfy_services
-from queue_app import limits, services
+from queue_app import limits
 from queue_app.models import Job, Project, Provider
+from queue_app.services.errors import ServiceError
+from queue_app.services.providers import provider_set_concurrency
 from queue_app.web import tokens
 from tests.conftest import make_project, make_provider
 
@@ -172,7 +174,7 @@ def test_a_workflow_past_the_node_or_size_limit_is_refused_and_nothing_is_saved(
     too_many = {str(n): {"class_type": "Note", "inputs": {}} for n in range(limits.WORKFLOW_NODES + 1)}
     too_big = {"1": {"class_type": "Note", "inputs": {"text": "x" * (limits.WORKFLOW_BYTES + 1)}}}
     for workflow, refusal in ((too_many, "nodes"), (too_big, "bytes"), (nested(limits.WORKFLOW_DEPTH + 1), "nested")):
-        with pytest.raises(services.ServiceError, match=refusal):
+        with pytest.raises(ServiceError, match=refusal):
             comfy_services.comfy_settings_save(user=owner, project=project, base_url="", workflow_json=workflow, bindings=[])
     assert not hasattr(Project.objects.get(id=project.id), "comfy") or not Project.objects.get(id=project.id).comfy.workflow
 
@@ -183,8 +185,8 @@ def test_limits_are_read_from_one_place(monkeypatch, provider, owner, client):
     monkeypatch.setattr(limits, "CONCURRENCY", limits.Range(1, 5, "concurrency"))
     client.force_login(owner)
     assert 'name="concurrency" min="1" max="5"' in client.get("/queue/").content.decode()
-    with pytest.raises(services.ServiceError, match="from 1 to 5"):
-        services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=6)
-    assert services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=5).concurrency == 5
+    with pytest.raises(ServiceError, match="from 1 to 5"):
+        provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=6)
+    assert provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=5).concurrency == 5
     other = make_project(owner, provider)
     assert other.provider_id == provider.id

@@ -16,7 +16,7 @@ from django.utils import timezone
 from queue_app.engine import events, snapshot
 from queue_app.models import Job, ProjectEvent, Status
 from queue_app.providers.base import Running
-from queue_app.service import poller
+from queue_app.queue_service import poller
 from queue_app.web.live import relay
 from remixstudio.asgi import application
 from tests.conftest import make_drafts, make_project, make_provider

@@ -6,9 +6,9 @@ import json
 import pytest
 from django.test import Client
 
-from queue_app import selectors
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Status
+from queue_app.selectors.queue import queue_status
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -50,7 +50,7 @@ def test_get_queue_status_returns_the_monitor_counts(mcp, owner, project):
     Job.objects.filter(id__in=[j.id for j in jobs[:3]]).update(status=Status.FAILED)
     result = tool(mcp, "get_queue_status", breakdown="providers")
     assert result["isError"] is False
-    expected = selectors.queue_status(user=owner, breakdown="providers")
+    expected = queue_status(user=owner, breakdown="providers")
     assert result["structuredContent"]["totals"] == expected["totals"]
     assert json.loads(result["content"][0]["text"])["totals"]["failed"] == 3
     assert result["structuredContent"]["providers"][0]["failed"] == 3

@@ -7,9 +7,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from queue_app import selectors, services
 from queue_app.engine import heartbeats
 from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.selectors.queue import queue_status
+from queue_app.services.jobs import jobs_start
 from queue_app.web.metrics import EVERYONE
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -31,7 +32,7 @@ def ran(owner, outsider, inline_tasks, settings):
     for provider, n in ((fast, 4), (broken, 2), (paused, 3)):
         project = make_project(provider.owner, provider, name=f"{provider.name} project")
         make_drafts(project, n)
-        services.jobs_start(user=provider.owner, project=project, all_drafts=True)
+        jobs_start(user=provider.owner, project=project, all_drafts=True)
     inline_tasks.run()
     return {"fast": fast, "broken": broken, "paused": paused}
 
@@ -54,7 +55,7 @@ def provider_sample(samples, name, provider, **extra):
 
 def test_a_scrape_after_a_run_matches_the_queue_status_selector(client, ran):
     samples = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    status = selectors.queue_status(user=EVERYONE, breakdown="providers")
+    status = queue_status(user=EVERYONE, breakdown="providers")
     assert {row["name"] for row in status["providers"]} == {"Fast", "Broken", "Paused"}
     for row in status["providers"]:
         provider = ran[row["name"].lower()]
@@ -138,7 +139,7 @@ def test_a_scrape_costs_a_constant_number_of_queries(client, ran, owner, django_
         scrape(client, **headers)
     more = make_project(owner, make_provider(owner, name="More"), name="More")
     make_drafts(more, 20)
-    services.jobs_start(user=owner, project=more, all_drafts=True)
+    jobs_start(user=owner, project=more, all_drafts=True)
     with django_assert_max_num_queries(12):
         scrape(client, **headers)
 

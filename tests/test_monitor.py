@@ -9,9 +9,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from queue_app import selectors
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Provider, Status
+from queue_app.selectors.queue import jobs_page, queue_status
 from queue_app.web import monitor
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -89,8 +89,8 @@ def test_without_a_live_worker_pending_work_waits_with_a_warning(client, owner, 
 
 @pytest.mark.parametrize("state", ["waiting", "queued", "running", "detached", "stalled", "failed"])
 def test_the_job_filter_counts_the_same_states_as_the_totals(owner, queue, state):
-    totals = selectors.queue_status(user=owner)["totals"]
-    assert selectors.jobs_page(user=owner, state=state)["total"] == totals[state]
+    totals = queue_status(user=owner)["totals"]
+    assert jobs_page(user=owner, state=state)["total"] == totals[state]
 
 
 def test_filters_by_provider_project_model_and_error_text(client, owner, queue):

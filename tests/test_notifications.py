@@ -9,12 +9,12 @@ import pytest
 from django.utils import timezone
 from py_vapid import Vapid02
 
-from queue_app import services
-from queue_app.engine import runs
+from queue_app.engine import project_runs
 from queue_app.models import Job, ProjectEvent, ProjectRun, PushOutbox, PushSubscription, Status, VapidKeys
 from queue_app.notifications import devices, outbox, vapid
 from queue_app.providers import crypto
-from queue_app.service.loop import QueueService
+from queue_app.queue_service.loop import QueueService
+from queue_app.services.jobs import failed_jobs_clear, jobs_retry, jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.push_service import Device, PushService
 
@@ -46,7 +46,7 @@ def run_jobs(owner, project, inline_tasks, *, ok: int = 0, failed: int = 0) -> l
     if failed:
         failing = make_provider(owner, name="Failing", fail_rate=1, fail_kind="permanent")
         jobs += make_drafts(project, failed, prompt="a doomed fox", provider=failing)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     return jobs
 
@@ -89,13 +89,13 @@ def test_a_finished_project_sends_one_notification_per_device_with_its_counts(
 def test_a_burst_of_completions_gives_one_notification_and_each_later_finish_its_own(owner, project, inline_tasks, push_service):
     phone = subscribe(owner, push_service)
     first, second, third = make_drafts(project, 3)
-    services.jobs_start(user=owner, project=project, job_ids=[first.id, second.id])
+    jobs_start(user=owner, project=project, job_ids=[first.id, second.id])
     assert outbox.step(now=later()) == 0, "work is pending: no finish"
     inline_tasks.run()
     # The first two finished long ago; a third job starts and finishes just now, inside
     # the settle window of the others: still one run, one notification.
     Job.objects.filter(id__in=[first.id, second.id]).update(finished_at=timezone.now() - timedelta(seconds=60))
-    services.jobs_start(user=owner, project=project, job_ids=[third.id])
+    jobs_start(user=owner, project=project, job_ids=[third.id])
     inline_tasks.run()
     assert outbox.step(now=later(3)) == 0, "the last completion has not settled"
     outbox.step(now=later())
@@ -115,12 +115,12 @@ def test_a_retried_job_counts_once_in_the_run_that_ran_it(owner, inline_tasks, p
     flaky = make_provider(owner, name="Flaky", fail_rate=1, fail_kind="permanent")
     project = make_project(owner, flaky, model="demo-image")
     [job] = make_drafts(project, 1)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     outbox.step(now=later())
     flaky.options = {"latency_ms": 0}
     flaky.save()
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
     outbox.step(now=later(20))
     assert [m["body"] for m in phone.messages(push_service)] == ["1 job failed.", "1 job finished."]
@@ -139,7 +139,7 @@ def test_a_run_whose_failures_are_cleared_before_it_settles_closes_silently(owne
     phone = subscribe(owner, push_service)
     run_jobs(owner, project, inline_tasks, failed=2)
     assert ProjectRun.objects.get(project=project).closed_at is None
-    assert services.failed_jobs_clear(user=owner, project_id=project.id)["cleared"] == 2
+    assert failed_jobs_clear(user=owner, project_id=project.id)["cleared"] == 2
     outbox.step(now=later())
     assert ProjectRun.objects.get(project=project).closed_at is not None
     assert phone.messages(push_service) == [] and not ProjectEvent.objects.filter(kind="project.finished").exists()
@@ -148,10 +148,10 @@ def test_a_run_whose_failures_are_cleared_before_it_settles_closes_silently(owne
 def test_work_without_an_open_run_gets_one_from_the_safety_net(owner, project, inline_tasks, push_service):
     phone = subscribe(owner, push_service)
     jobs = make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     ProjectRun.objects.all().delete()  # as if the jobs were started before this feature existed
-    assert runs.runs_open_missing() == 1
-    assert runs.runs_open_missing() == 0
+    assert project_runs.runs_open_missing() == 1
+    assert project_runs.runs_open_missing() == 0
     run = ProjectRun.objects.get(closed_at__isnull=True)
     assert run.opened_at == min(Job.objects.filter(id__in=[j.id for j in jobs]).values_list("queued_at", flat=True))
     inline_tasks.run()
@@ -221,7 +221,7 @@ def test_a_restart_between_the_finish_and_the_send_still_sends_once(owner, proje
     phone = subscribe(owner, push_service)
     run_jobs(owner, project, inline_tasks, ok=2)
     # The first service records the finish and dies before sending.
-    assert runs.runs_close_settled(now=later()) == 1
+    assert project_runs.runs_close_settled(now=later()) == 1
     assert push_service.received() == [] and PushOutbox.objects.get().outcome == ""
     # A fresh service (new process) picks the recorded finish up, once.
     restarted = QueueService()
@@ -237,7 +237,7 @@ def test_a_restart_between_the_finish_and_the_send_still_sends_once(owner, proje
 def test_a_sender_that_died_mid_send_leaves_the_row_to_another_after_its_claim(owner, project, inline_tasks, push_service):
     phone = subscribe(owner, push_service)
     run_jobs(owner, project, inline_tasks, ok=1)
-    runs.runs_close_settled(now=later())
+    project_runs.runs_close_settled(now=later())
     ids, _ = outbox.outbox_claim(now=later())
     assert ids  # claimed, then the process died
     assert outbox.outbox_send_due(now=later(10)) == 0, "the claim still holds"

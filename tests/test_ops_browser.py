@@ -5,8 +5,9 @@ bulk action on "all matching" goes through its confirmation."""
 
 import pytest
 
-from queue_app import services
 from queue_app.models import Job, JobAttempt, Provider, Status
+from queue_app.services.drafts import jobs_create_drafts
+from queue_app.services.jobs import jobs_start
 from tests import procs, test_browser
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -23,10 +24,10 @@ def test_an_operator_watches_a_worker_then_reads_the_history_searches_and_acts_o
     page, base = browser_page, stack.url
     slow = make_project(owner, make_provider(owner, name="Slow", latency_ms=6000), name="Coast")
     fast = make_project(owner, make_provider(owner, name="Quick", concurrency=2, latency_ms=50), name="Batch")
-    [lighthouse] = services.jobs_create_drafts(user=owner, project=slow, prompt="a lighthouse at dusk", quantity=1)
+    [lighthouse] = jobs_create_drafts(user=owner, project=slow, prompt="a lighthouse at dusk", quantity=1)
     make_drafts(fast, 4, prompt="a paper boat")
-    services.jobs_start(user=owner, project=slow, all_drafts=True)
-    services.jobs_start(user=owner, project=fast, all_drafts=True)
+    jobs_start(user=owner, project=slow, all_drafts=True)
+    jobs_start(user=owner, project=fast, all_drafts=True)
     log_in(page, base, owner)
 
     # the workers page names the job while a worker runs it (it refreshes itself)
@@ -61,14 +62,12 @@ def test_an_operator_watches_a_worker_then_reads_the_history_searches_and_acts_o
     page.wait_for_selector("text=4 job(s): retry done")
     procs.wait_for(lambda: Job.objects.filter(project=fast, status=Status.COMPLETED).count() == 4, timeout=60, message="retried")
 
-    # cancel all matching (the cancel helper's service; skipped on a branch without it)
-    if not hasattr(services, "jobs_cancel"):
-        return
+    # cancel all matching
     paused = make_provider(owner, name="Held")
     Provider.objects.filter(id=paused.id).update(paused=True)
     kites = make_project(owner, paused, name="Kites")
     make_drafts(kites, 3, prompt="a red kite")
-    services.jobs_start(user=owner, project=kites, all_drafts=True)
+    jobs_start(user=owner, project=kites, all_drafts=True)
     page.goto(f"{base}/queue/?q=kite&state=all")
     page.click("button[value='cancel:matching']")
     assert page.locator("#confirm-text [data-count]").inner_text() == "3"

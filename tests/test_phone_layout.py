@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from queue_app import services
 from queue_app.models import AlbumItem, Job, Status
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import CHROMIUM, make_drafts, make_project, make_provider
 
@@ -37,7 +37,7 @@ def seeded(owner, inline_tasks):
     provider = make_provider(owner, name="Demo provider with a rather long name", concurrency=2)
     project = make_project(owner, provider, name="Phone check " + "long-name-" * 4, model="demo-layers")
     done = make_drafts(project, 2, prompt=LONG)
-    services.jobs_start(user=owner, project=project, job_ids=[j.id for j in done])
+    jobs_start(user=owner, project=project, job_ids=[j.id for j in done])
     inline_tasks.run()
     assert AlbumItem.objects.filter(project=project).count() == 8
     make_drafts(project, 3, prompt=LONG)
@@ -47,7 +47,7 @@ def seeded(owner, inline_tasks):
     remote = make_provider(owner, name="Async", mode="async", latency_ms=600_000)
     detached_project = make_project(owner, remote, name="Detached")
     [detached] = make_drafts(detached_project, prompt=LONG)
-    services.jobs_start(user=owner, project=detached_project, job_ids=[detached.id])
+    jobs_start(user=owner, project=detached_project, job_ids=[detached.id])
     inline_tasks.run()
     assert Job.objects.get(id=detached.id).task_id
     return {

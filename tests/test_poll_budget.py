@@ -11,13 +11,13 @@ import pytest
 import responses
 from django.utils import timezone
 
-from queue_app import selectors
 from queue_app.engine import snapshot
 from queue_app.models import Job, Status
 from queue_app.providers import budget
 from queue_app.providers.base import Running
 from queue_app.providers.options import clean_options
-from queue_app.service import poll_batch, poller
+from queue_app.queue_service import poll_batch, poller
+from queue_app.selectors.queue import queue_status
 from queue_app.web.metrics import EVERYONE
 from tests.factories import make_drafts, make_project, make_provider
 from tests.fakes.dns import use_fake_dns
@@ -259,7 +259,7 @@ def test_a_failed_list_request_releases_its_tasks_without_a_burst_of_single_chec
 
 
 def provider_row(provider):
-    status = selectors.queue_status(user=EVERYONE, breakdown="providers")
+    status = queue_status(user=EVERYONE, breakdown="providers")
     return next(row for row in status["providers"] if row["id"] == provider.id), status
 
 

@@ -15,12 +15,12 @@ import responses
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import snapshot, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers.base import Running
-from queue_app.service import poller, recovery
-from queue_app.service.loop import QueueService
+from queue_app.queue_service import poller, recovery
+from queue_app.queue_service.loop import QueueService
+from queue_app.services.jobs import failed_jobs_clear, jobs_retry, jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider, png
@@ -52,7 +52,7 @@ def started(owner, family, model, inline_tasks, **options):
     provider = provider_for(owner, family, **options)
     project = make_project(owner, provider, model=model)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     return job
@@ -212,9 +212,9 @@ def test_a_job_cleared_or_retried_between_claim_and_apply_is_left_alone(owner, i
         # user clears it, or retries it.
         assert transitions.job_fail(job_id, token, reason="timed out", error_class="timeout")
         if meanwhile == "cleared":
-            services.failed_jobs_clear(user=owner)
+            failed_jobs_clear(user=owner)
         else:
-            services.jobs_retry(user=owner, job_ids=[job_id])
+            jobs_retry(user=owner, job_ids=[job_id])
         return (200, {}, json.dumps(rh_task(task_id="T1", status="FAILED", code="433", message="bad")))
 
     responses.add_callback(responses.POST, RH_QUERY, callback=provider_answers)
@@ -246,7 +246,7 @@ def test_a_layered_result_becomes_a_base_and_16_layers_and_a_retry_overwrites_wi
 
     # The retry: a fresh submission whose result has 5 layers.
     Job.objects.filter(id=job.id).update(status=Status.FAILED, task_id="", params={"layers": 5})
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
     assert poller.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
     inline_tasks.run()
@@ -415,7 +415,7 @@ def test_a_retry_adopts_a_finished_task_without_submitting_or_downloading_twice(
     url = "https://rh-images.example.com/output/old.png"
     responses.add(responses.POST, RH_QUERY, json=rh_task(task_id="T-old", status="SUCCESS", results=[rh_result(url)]))
     responses.add(responses.GET, url, body=png(), content_type="image/png")
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and job.task_id == "T-old"
@@ -427,7 +427,7 @@ def test_a_retry_adopts_a_finished_task_without_submitting_or_downloading_twice(
 def test_a_retry_adopts_a_task_that_is_still_running(owner, inline_tasks):
     job = failed_locally(owner, inline_tasks, "T-run")
     responses.add(responses.POST, RH_QUERY, json=rh_task(task_id="T-run", status="RUNNING"))
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.PROCESSING and job.task_id == "T-run" and job.next_poll_at is not None
@@ -439,7 +439,7 @@ def test_a_retry_of_a_dead_task_clears_the_task_id_and_submits_fresh(owner, inli
     job = failed_locally(owner, inline_tasks, "T-dead")
     responses.add(responses.POST, RH_QUERY, json=rh_task(task_id="", status="", code="807", message="APIKEY_TASK_NOT_FOUND"))
     responses.replace(responses.POST, RH_SUBMIT, json=rh_task(task_id="T-new"))
-    services.jobs_retry(user=owner, job_ids=[job.id])
+    jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.PROCESSING and job.task_id == "T-new"
@@ -463,7 +463,7 @@ def test_an_async_provider_runs_end_to_end_through_real_workers(owner, tmp_path,
         # Both sides read the poll cycle: the worker that detaches sets the first check.
         running = [procs.qcluster(logs, workers=2, DETACHED_POLL_SECONDS=1), procs.queue_service(logs, DETACHED_POLL_SECONDS=1)]
         try:
-            services.jobs_start(user=owner, project=project, all_drafts=True)
+            jobs_start(user=owner, project=project, all_drafts=True)
             procs.wait_for(
                 lambda: Job.objects.filter(status=Status.COMPLETED).count() == 3,
                 timeout=120,

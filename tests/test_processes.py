@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from queue_app import services
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -26,7 +26,7 @@ def test_two_clusters_hold_the_provider_limit_exactly(owner, tmp_path):
     logs = tmp_path / "logs"
     running = [procs.qcluster(logs, workers=4), procs.qcluster(logs, workers=4), procs.queue_service(logs)]
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: count(Status.COMPLETED) == 60, timeout=180, message="60 completed jobs")
     finally:
         for proc in running:
@@ -46,7 +46,7 @@ def test_sigkilled_worker_mid_job_is_healed_and_the_job_completes_once(owner, tm
     logs = tmp_path / "logs"
     cluster, service = procs.qcluster(logs, workers=2), procs.queue_service(logs)
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(
             lambda: Job.objects.filter(id=job.id, status=Status.PROCESSING).exclude(lease_owner="").exists(),
             timeout=60,

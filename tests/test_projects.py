@@ -8,8 +8,8 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 
-from queue_app import selectors
 from queue_app.models import AlbumItem, Job, Project, Status
+from queue_app.selectors.projects import storage_summary
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,7 +105,7 @@ def test_delete_asks_with_counts_then_removes_jobs_album_and_files(signed_in, ow
     assert not Job.objects.exists() and not AlbumItem.objects.exists()
     assert not default_storage.exists(path)
     assert not default_storage.exists(f"album/{project.id}")  # the emptied folder goes too
-    assert selectors.storage_summary(owner)["used_bytes"] == 0
+    assert storage_summary(owner)["used_bytes"] == 0
 
 
 def test_delete_cancels_the_projects_pending_and_running_work_first(signed_in, project, provider):

@@ -27,10 +27,12 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from queue_app import services
 from queue_app.engine import dispatch, leases
 from queue_app.models import AlbumItem, Job, ProjectEvent, Provider, Status
-from queue_app.service import poller, recovery
+from queue_app.queue_service import poller, recovery
+from queue_app.services.drafts import jobs_create_drafts
+from queue_app.services.jobs import failed_jobs_clear, failed_scope, jobs_retry, jobs_start
+from queue_app.services.providers import provider_set_concurrency, provider_set_paused
 from tests.conftest import make_project, make_provider, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,9 +106,7 @@ class Lifecycle(RuleBasedStateMachine):
         return ids[index % len(ids)] if ids else None
 
     def create_drafts(self, project, quantity, provider=None):
-        jobs = services.jobs_create_drafts(
-            user=self.user, project=project, prompt="a lighthouse", quantity=quantity, provider=provider
-        )
+        jobs = jobs_create_drafts(user=self.user, project=project, prompt="a lighthouse", quantity=quantity, provider=provider)
         self.order.extend(job.id for job in jobs)
 
     # --- users --------------------------------------------------------------------
@@ -123,20 +123,20 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule(project=st.integers(0, 1))
     def start_all(self, project):
-        services.jobs_start(user=self.user, project=self.projects[project], all_drafts=True)
+        jobs_start(user=self.user, project=self.projects[project], all_drafts=True)
 
     @rule(index=st.integers(0, 50))
     def start_one(self, index):
         job_id = self.pick(self.jobs().filter(status__in=[Status.DRAFT, Status.FAILED]), index)
         if job_id:
             job = Job.objects.get(id=job_id)
-            services.jobs_start(user=self.user, project=job.project, job_ids=[job_id])
+            jobs_start(user=self.user, project=job.project, job_ids=[job_id])
 
     @rule(index=st.integers(0, 50))
     def retry(self, index):
         job_id = self.pick(self.jobs().filter(status=Status.FAILED), index)
         if job_id:
-            assert services.jobs_retry(user=self.user, job_ids=[job_id])["retried"] == [str(job_id)]
+            assert jobs_retry(user=self.user, job_ids=[job_id])["retried"] == [str(job_id)]
 
     @rule(scope=st.sampled_from(["all", "project", "provider"]), index=st.integers(0, 1))
     def clear(self, scope, index):
@@ -145,9 +145,9 @@ class Lifecycle(RuleBasedStateMachine):
             kwargs["project_id"] = self.projects[index].id
         elif scope == "provider":
             kwargs["provider_id"] = self.providers[index].id
-        in_scope = set(services.failed_scope(user=self.user, **kwargs).values_list("id", flat=True))
+        in_scope = set(failed_scope(user=self.user, **kwargs).values_list("id", flat=True))
         outside = set(self.jobs().filter(status=Status.FAILED).values_list("id", flat=True)) - in_scope
-        result = services.failed_jobs_clear(user=self.user, **kwargs)
+        result = failed_jobs_clear(user=self.user, **kwargs)
         assert result["cleared"] == len(in_scope)
         # Another scope's failed jobs are all still there, still failed.
         assert set(self.jobs().filter(id__in=outside, status=Status.FAILED).values_list("id", flat=True)) == outside
@@ -155,11 +155,11 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule(provider=st.integers(0, 1), concurrency=st.integers(1, 3))
     def change_concurrency(self, provider, concurrency):
-        services.provider_set_concurrency(user=self.user, provider_id=self.providers[provider].id, concurrency=concurrency)
+        provider_set_concurrency(user=self.user, provider_id=self.providers[provider].id, concurrency=concurrency)
 
     @rule(provider=st.integers(0, 1), paused=st.booleans())
     def pause(self, provider, paused):
-        services.provider_set_paused(user=self.user, provider_id=self.providers[provider].id, paused=paused)
+        provider_set_paused(user=self.user, provider_id=self.providers[provider].id, paused=paused)
 
     # --- workers, providers, the queue service -------------------------------------
 

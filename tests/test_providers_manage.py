@@ -10,9 +10,10 @@ import requests
 import responses
 from django.contrib.auth.models import Permission
 
-from queue_app import services
-from queue_app.admin import ProviderForm as AdminProviderForm
 from queue_app.models import Job, Provider, Status
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_start
+from queue_app.web.admin import ProviderForm as AdminProviderForm
 from tests.conftest import make_drafts, make_project, make_provider, make_user
 from tests.fakes.dns import use_fake_dns
 
@@ -95,7 +96,7 @@ def test_a_bad_option_is_refused_with_its_label(signed_in, provider):
 def test_raising_concurrency_on_the_page_dispatches_at_once(signed_in, owner, provider, inline_tasks):
     project = make_project(owner, provider)
     jobs = make_drafts(project, 4)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     assert Job.objects.filter(status=Status.PROCESSING).count() == 1
     signed_in.post(f"/providers/{provider.id}/", page_form(concurrency="3", opt_demo_latency_ms="0"))
     assert Job.objects.filter(id__in=[j.id for j in jobs], status=Status.PROCESSING).count() == 3
@@ -106,7 +107,7 @@ def test_resuming_on_the_page_dispatches_at_once(signed_in, owner, inline_tasks)
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     assert not Job.objects.filter(status=Status.PROCESSING).exists()
     signed_in.post(f"/providers/{provider.id}/", page_form(concurrency="2", opt_demo_latency_ms="0"))
     assert Job.objects.filter(status=Status.PROCESSING).count() == 2
@@ -319,7 +320,7 @@ def test_a_comfyui_password_never_follows_a_new_address_silently(owner):
     project = make_project(owner, name="Comfy", kind="comfyui")
     save = dict(user=owner, project=project, workflow_json="", bindings="")
     comfy_services.comfy_settings_save(**save, base_url="https://comfy.example.com", password="s3cret-pass")
-    with pytest.raises(services.ServiceError, match="enter the password again"):
+    with pytest.raises(ServiceError, match="enter the password again"):
         comfy_services.comfy_settings_save(**save, base_url="https://elsewhere.example.com")
     assert ComfyInstance.objects.get(project=project).base_url == "https://comfy.example.com"
     comfy_services.comfy_settings_save(**save, base_url="https://elsewhere.example.com", password="s3cret-pass")
@@ -330,7 +331,7 @@ def test_plain_staff_cannot_change_another_users_comfyui_address(owner, plain_st
     from comfy_app import services as comfy_services
 
     project = make_project(owner, name="Comfy", kind="comfyui")
-    with pytest.raises(services.ServiceError, match="belongs to another user"):
+    with pytest.raises(ServiceError, match="belongs to another user"):
         comfy_services.comfy_settings_save(
             user=plain_staff, project=project, workflow_json="", bindings="", base_url="https://x.example.com"
         )
@@ -341,7 +342,7 @@ def test_resuming_in_the_admin_dispatches_at_once(client, staff, owner, inline_t
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     make_drafts(project, 2)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     client.force_login(staff)
     form = {
         "owner": owner.id,

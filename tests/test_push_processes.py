@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from queue_app import services
 from queue_app.models import Job, ProjectRun, Status
 from queue_app.notifications import devices
+from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.push_service import Device, PushService
@@ -47,7 +47,7 @@ def test_two_queue_services_observing_the_same_finish_send_once(owner, tmp_path,
         procs.queue_service(logs, PUSH_SETTLE_SECONDS=SETTLE),
     ]
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: phone.messages(push_service), timeout=120, message="a finish notification")
         time.sleep(SETTLE + 3)  # time for a duplicate to show up, if there were one
     finally:
@@ -67,7 +67,7 @@ def test_a_queue_service_dying_after_the_last_completion_leaves_the_finish_to_th
     # This one exits hard right after it recorded the finish, before any send.
     doomed = procs.queue_service(logs, PUSH_SETTLE_SECONDS=SETTLE, FAILPOINTS="push_after_close")
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: not doomed.alive(), timeout=120, message="the queue service to die at the failpoint")
         assert doomed.popen.returncode == 137
         assert ProjectRun.objects.get(project=project).closed_at is not None
@@ -94,7 +94,7 @@ def test_a_queue_service_killed_before_the_finish_settled_is_replaced_and_sends_
     # A long settle delay: this service sees the completions but is killed before it closes the run.
     first = procs.queue_service(logs, PUSH_SETTLE_SECONDS=600)
     try:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         procs.wait_for(lambda: all_finished(project), timeout=120, message="the jobs to finish")
         time.sleep(1.5)
         first.kill()

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.models import Job, JobAttempt, Provider, Status
-from queue_app.service import recovery
+from queue_app.queue_service import recovery
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider, status_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,7 +19,7 @@ def claimed(owner, n=1, concurrency=1, **options):
     provider = make_provider(owner, concurrency=concurrency, **options)
     project = make_project(owner, provider)
     jobs = make_drafts(project, n)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     return provider, project, jobs
 
 
@@ -165,7 +165,7 @@ def test_a_connection_killed_after_the_provider_answered_still_records_the_answe
 def test_a_database_error_during_the_start_scan_does_not_take_the_queue_service_down(owner, inline_tasks, monkeypatch):
     from django.db import OperationalError
 
-    from queue_app.service.loop import QueueService
+    from queue_app.queue_service.loop import QueueService
 
     provider, _, [job] = claimed(owner)
     Provider.objects.filter(id=provider.id).update(paused=True)  # keep it pending after healing

@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import dispatch, leases, transitions
 from queue_app.models import Job, JobAttempt, ProjectEvent, Provider, Status
-from queue_app.service import recovery
+from queue_app.queue_service import recovery
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,7 +100,7 @@ def test_a_claim_batch_gives_each_job_its_slot_snapshot_and_lease(owner, inline_
     provider = make_provider(owner, concurrency=4)
     project = make_project(owner, provider)
     make_drafts(project, 4)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     jobs = list(Job.objects.filter(status=Status.PROCESSING).order_by("slot"))
     assert [job.slot for job in jobs] == [0, 1, 2, 3]
     assert all(job.resolved["provider_id"] == provider.id and job.attempts == 1 for job in jobs)

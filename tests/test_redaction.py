@@ -21,9 +21,9 @@ from urllib.parse import quote
 import pytest
 
 from comfy_app import client as comfy
-from queue_app import services
 from queue_app.models import Status
 from queue_app.providers import crypto, net
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 KEY = "sk-proj-Zq8XbN4vT1mKc7LpR2wYh5GdJ3sFa9Ue6Oi0"
@@ -127,7 +127,7 @@ def test_a_provider_that_echoes_its_key_leaves_no_part_of_it_stored_or_logged(ow
         project = make_project(owner, provider, model="gpt-image-1")
         [job] = make_drafts(project)
         with caplog.at_level(logging.DEBUG):
-            services.jobs_start(user=owner, project=project, all_drafts=True)
+            jobs_start(user=owner, project=project, all_drafts=True)
             inline_tasks.run()
     finally:
         server.shutdown()

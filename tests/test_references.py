@@ -13,10 +13,14 @@ from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import SimpleUploadedFile
 from PIL import Image
 
-from queue_app import references, services
 from queue_app.engine import snapshot
 from queue_app.models import AlbumItem, Job, Reference, Status
 from queue_app.providers import openai, replicate
+from queue_app.services import references
+from queue_app.services.drafts import jobs_create_drafts
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_start
+from queue_app.services.storage import reference_store
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.fakes.dns import use_fake_dns
 
@@ -56,8 +60,8 @@ def stored_files(settings, owner) -> list:
 
 def test_the_same_picture_uploaded_twice_is_one_row_and_one_file(owner, settings):
     data = image()
-    first = services.reference_store(owner, data)
-    second = services.reference_store(owner, data)
+    first = reference_store(owner, data)
+    second = reference_store(owner, data)
     assert first == second
     assert Reference.objects.filter(owner=owner).count() == 1
     assert stored_files(settings, owner) == [f"{first}.png"]
@@ -102,8 +106,8 @@ def test_a_wav_named_png_is_refused_as_what_it_is(owner):
         + struct.pack("<IHHIIHH", 16, 1, 1, 8000, 8000, 1, 8)
         + b"data\x00\x00\x00\x00"
     )
-    with pytest.raises(services.ServiceError, match="not an image.*audio/wav"):
-        services.reference_store(owner, wav, label="song.png")
+    with pytest.raises(ServiceError, match="not an image.*audio/wav"):
+        reference_store(owner, wav, label="song.png")
 
 
 def test_the_size_and_count_limits_are_declared_once_and_enforced(signed_in, owner, project, monkeypatch):
@@ -145,7 +149,7 @@ def test_several_uploads_and_an_album_pick_go_on_every_draft_and_show_as_thumbna
 
 
 def test_a_thumbnail_is_served_sandboxed_to_its_owner_only(client, owner, outsider):
-    sha = services.reference_store(owner, image())
+    sha = reference_store(owner, image())
     client.force_login(owner)
     response = client.get(f"/references/{sha}")
     assert response.status_code == 200 and response["Content-Type"] == "image/png"
@@ -155,7 +159,7 @@ def test_a_thumbnail_is_served_sandboxed_to_its_owner_only(client, owner, outsid
 
 
 def test_editing_a_draft_removes_an_unticked_reference_and_adds_an_upload(signed_in, owner, project):
-    old, kept = services.reference_store(owner, image(color=(1, 1, 1))), services.reference_store(owner, image(color=(2, 2, 2)))
+    old, kept = reference_store(owner, image(color=(1, 1, 1))), reference_store(owner, image(color=(2, 2, 2)))
     [job] = make_drafts(project, 1, references=[f"ref:{old}", f"ref:{kept}"])
     response = signed_in.post(
         f"/projects/{project.id}/drafts/{job.id}/edit",
@@ -208,7 +212,7 @@ def test_the_api_stores_a_data_uri_like_an_upload_and_refuses_what_the_page_refu
 
 def test_local_references_reach_the_adapter_as_data_uris_and_urls_stay(owner, project):
     picture = image()
-    sha = services.reference_store(owner, picture)
+    sha = reference_store(owner, picture)
     item = AlbumItem.objects.create(project=project, owner=owner, kind="image", content_type="image/png")
     item.file.save("a.png", ContentFile(picture))
     [job] = make_drafts(project, 1, references=[f"ref:{sha}", f"album:{item.id}", "https://cdn.example.com/a.png"])
@@ -225,9 +229,9 @@ def test_the_worker_sends_an_uploaded_reference_to_the_provider(owner, project, 
     real_submit = demo.submit
     monkeypatch.setattr(demo, "submit", lambda request: sent.append(request.references) or real_submit(request))
     picture = image()
-    sha = services.reference_store(owner, picture)
-    services.jobs_create_drafts(user=owner, project=project, prompt="x", settings_={"references": [f"ref:{sha}"]})
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    sha = reference_store(owner, picture)
+    jobs_create_drafts(user=owner, project=project, prompt="x", settings_={"references": [f"ref:{sha}"]})
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     assert Job.objects.get().status == Status.COMPLETED
     assert sent == [[data_uri(picture)]]
@@ -241,7 +245,7 @@ def test_openai_gets_the_uploaded_bytes_as_an_edit_and_replicate_gets_the_data_u
     provider.save()
     project = make_project(owner, provider, model="gpt-image-1.5")
     picture = image()
-    sha = services.reference_store(owner, picture)
+    sha = reference_store(owner, picture)
     [job] = make_drafts(project, 1, references=[f"ref:{sha}"])
     job.resolved = snapshot.build(job, project, provider)
     png_b64 = base64.b64encode(image(color=(0, 0, 0))).decode()
@@ -261,7 +265,7 @@ def test_a_comfyui_image_binding_gets_the_uploaded_bytes_under_their_content_nam
     from comfy_app import workflow
 
     picture = image()
-    sha = services.reference_store(owner, picture)
+    sha = reference_store(owner, picture)
     data, content_type, extension = workflow.load_reference(f"ref:{sha}", owner.id)
     assert (data, content_type, extension) == (picture, "image/png", ".png")
     graph = {"1": {"class_type": "LoadImage", "inputs": {"image": "default.png"}}}

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
-from queue_app import limits, schemas
+from queue_app import limits
 from queue_app.models import Job, Provider, Status
-from queue_app.web import mcp, tokens
+from queue_app.web import mcp, schemas, tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
 

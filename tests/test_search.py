@@ -5,7 +5,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from queue_app import services
 from queue_app.models import Job, Status
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -107,24 +106,6 @@ def test_staff_retry_all_matching_across_users(client, staff, jobs):
     assert Job.objects.filter(id__in=everyone, status=Status.PENDING).count() == 62
 
 
-def test_cancel_all_matching_hands_the_matching_unfinished_jobs_to_jobs_cancel(client, owner, jobs, monkeypatch):
-    handed = []
-
-    def jobs_cancel(*, user, job_ids):  # stands in for the cancel helper's service until the merge
-        handed.extend(job_ids)
-        unfinished = list(Job.objects.filter(id__in=job_ids, owner=user, status__in=("pending", "processing")))
-        put(unfinished, Status.FAILED, slot=None, active_provider=None)
-        return {"cancelled": len(job_ids), "skipped": 0}
-
-    monkeypatch.setattr(services, "jobs_cancel", jobs_cancel, raising=False)
-    client.force_login(owner)
-    confirm = client.post("/queue/jobs/bulk", {"op": "cancel:matching", "q": "owl", "state": "all"})
-    assert confirm.context["count"] == 2  # the pending and the processing owl
-    client.post("/queue/jobs/bulk", {"op": "cancel:matching", "q": "owl", "state": "all", "confirm": "1"})
-    assert set(handed) == {str(j.id) for j in jobs["owls"]}
-    assert Job.objects.filter(id__in=[j.id for j in jobs["owls"]], status=Status.FAILED).count() == 3
-
-
 def test_bad_bulk_input_answers_a_message_not_an_error(client, owner, jobs):
     client.force_login(owner)
     for body in (
@@ -159,8 +140,6 @@ def test_a_search_costs_the_same_queries_for_few_and_many_jobs(client, owner, jo
 
 
 def test_cancel_all_matching_with_the_real_cancel_service(client, owner, jobs):
-    if not hasattr(services, "jobs_cancel"):
-        pytest.skip("needs services.jobs_cancel (the cancel helper's branch)")
     client.force_login(owner)
     body = {"op": "cancel:matching", "q": "owl", "state": "all", "confirm": "1", "next": "/queue/?q=owl"}
     response = client.post("/queue/jobs/bulk", body, follow=True)

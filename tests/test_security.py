@@ -31,11 +31,11 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queue_app import services
 from queue_app.engine import outputs
 from queue_app.models import AlbumItem, Job, Provider, Status
 from queue_app.providers import net
 from queue_app.providers.base import Output, PermanentError
+from queue_app.services.jobs import jobs_start
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -56,7 +56,7 @@ def world(owner, inline_tasks):
     provider.save()
     project = make_project(owner, provider, name="Heron")
     draft, to_fail, to_complete = make_drafts(project, 3, prompt=PROMPT)
-    services.jobs_start(user=owner, project=project, job_ids=[to_complete.id])
+    jobs_start(user=owner, project=project, job_ids=[to_complete.id])
     inline_tasks.run()
     Job.objects.filter(id=to_fail.id).update(status=Status.FAILED, error="HTTP 503 from the provider", error_class="transient")
     item = AlbumItem.objects.get(job=to_complete)
@@ -352,7 +352,7 @@ def test_a_key_echoed_by_the_provider_is_not_stored_or_logged(owner, echo_server
     project = make_project(owner, provider, model="gpt-image-1")
     [job] = make_drafts(project, prompt=PROMPT)
     with caplog.at_level(logging.DEBUG):
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         inline_tasks.run()
     job.refresh_from_db()
     provider.refresh_from_db()
@@ -369,7 +369,7 @@ def test_a_key_echoed_by_the_provider_is_not_stored_or_logged(owner, echo_server
 def test_prompts_are_not_logged(owner, project, inline_tasks, caplog):
     make_drafts(project, 2, prompt=PROMPT)
     with caplog.at_level(logging.DEBUG):
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
         inline_tasks.run()
     assert Job.objects.filter(status=Status.COMPLETED).count() == 2
     assert "heron" not in caplog.text.lower()
@@ -459,7 +459,7 @@ def test_provider_base_urls_go_through_the_guard(owner, inline_tasks, settings):
     provider.save()
     project = make_project(owner, provider, model="gpt-image-1")
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED and "refused to call" in job.error

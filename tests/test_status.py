@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Status
-from queue_app.selectors import queue_status
+from queue_app.selectors.queue import queue_status
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db

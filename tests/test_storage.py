@@ -6,8 +6,11 @@ import pytest
 from django.conf import settings
 from django.utils.html import strip_tags
 
-from queue_app import selectors, services
 from queue_app.models import AccountSettings, AlbumItem, Job, Status
+from queue_app.selectors.projects import storage_summary
+from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,7 +41,7 @@ def test_the_summary_counts_album_bytes_and_pending_reservations(owner, project)
     used(project, 30 * MB)
     make_drafts(project, 2, status=Status.PENDING)
     make_drafts(project, 5)
-    summary = selectors.storage_summary(owner, project=project)
+    summary = storage_summary(owner, project=project)
     assert settings.JOB_STORAGE_ESTIMATE_BYTES == 25 * MB  # the product's rule (issue 12)
     assert (summary["used_bytes"], summary["reserved_bytes"], summary["limit_bytes"]) == (30 * MB, 50 * MB, 200 * MB)
     assert summary["fits_now"] == 4  # (200 - 30 - 50) // 25
@@ -67,7 +70,7 @@ def test_the_quantity_field_offers_no_more_than_fits(signed_in, owner, project):
     assert signed_in.get(f"/projects/{project.id}/").context["quantity_max"] == 4
     assert 'max="4"' in signed_in.get(f"/projects/{project.id}/").content.decode()
     set_limit(owner, 10**15)
-    assert signed_in.get(f"/projects/{project.id}/").context["quantity_max"] == services.MAX_DRAFTS_PER_REQUEST
+    assert signed_in.get(f"/projects/{project.id}/").context["quantity_max"] == MAX_DRAFTS_PER_REQUEST
     set_limit(owner, 0)
     assert signed_in.get(f"/projects/{project.id}/").context["quantity_max"] == 1
 
@@ -76,13 +79,13 @@ def test_a_refused_start_says_how_many_fit_and_where_the_limit_is_set(owner, pro
     set_limit(owner, 100 * MB)
     used(project, 20 * MB)
     jobs = make_drafts(project, 10)
-    with pytest.raises(services.ServiceError) as refused:
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+    with pytest.raises(ServiceError) as refused:
+        jobs_start(user=owner, project=project, all_drafts=True)
     message = refused.value.message
     assert "Storage limit exceeded: 3 of these 10 job(s) fit now." in message
     assert "uses 20.0 MB of 100 MB" in message and "Admin → Account settings, per user" in message
     assert not Job.objects.filter(id__in=[j.id for j in jobs]).exclude(status=Status.DRAFT).exists()
-    started = services.jobs_start(user=owner, project=project, job_ids=[j.id for j in jobs[:3]])
+    started = jobs_start(user=owner, project=project, job_ids=[j.id for j in jobs[:3]])
     assert len(started["started"]) == 3  # what the message said fits does fit
 
 

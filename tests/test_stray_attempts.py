@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import failpoints, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
-from queue_app.service import poller, recovery
+from queue_app.queue_service import poller, recovery
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,7 +28,7 @@ def _started_async(owner):
     provider = make_provider(owner, mode="async", latency_ms=0)
     project = make_project(owner, provider)
     [job] = make_drafts(project)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     return job
 
 

@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import dispatch, transitions
 from queue_app.models import Job, Provider, Status
-from queue_app.service.loop import QueueService
+from queue_app.queue_service.loop import QueueService
+from queue_app.services.jobs import jobs_start
+from queue_app.services.providers import provider_set_concurrency, provider_set_paused
 from queue_app.worker import execute
 from tests.conftest import make_drafts, make_project, make_provider, status_of
 
@@ -23,7 +24,7 @@ def queued(owner, provider, n=1, **fields):
     Provider.objects.filter(id=provider.id).update(paused=True)
     project = make_project(owner, provider)
     jobs = make_drafts(project, n, **fields)
-    services.jobs_start(user=owner, project=project, all_drafts=True)
+    jobs_start(user=owner, project=project, all_drafts=True)
     return jobs
 
 
@@ -86,17 +87,17 @@ def test_resuming_a_paused_provider_dispatches_at_once(owner, inline_tasks):
     provider = make_provider(owner)
     [job] = queued(owner, provider)
     assert status_of(job) == Status.PENDING
-    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    provider_set_paused(user=owner, provider_id=provider.id, paused=False)
     assert status_of(job) == Status.PROCESSING
 
 
 def test_a_lowered_limit_refills_the_moment_it_drains(owner, inline_tasks):
     provider = make_provider(owner, concurrency=2)
     jobs = queued(owner, provider, 3)
-    services.provider_set_paused(user=owner, provider_id=provider.id, paused=False)
+    provider_set_paused(user=owner, provider_id=provider.id, paused=False)
     running = [j for j in jobs if status_of(j) == Status.PROCESSING]
     assert len(running) == 2
-    services.provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
+    provider_set_concurrency(user=owner, provider_id=provider.id, concurrency=1)
     first, second = (Job.objects.get(id=j.id) for j in running)
     [waiting] = [j for j in jobs if j.id not in {first.id, second.id}]
     assert transitions.job_complete(first.id, first.lease_token)

@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app import services
 from queue_app.engine import attempts, heartbeats
 from queue_app.models import Heartbeat, Job, JobAttempt, Status
 from queue_app.selectors import workers as selectors_workers
+from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
 pytestmark = pytest.mark.django_db
@@ -24,7 +24,7 @@ def running_job(owner, inline_tasks, django_capture_on_commit_callbacks):
     project = make_project(owner, make_provider(owner, name="Fast"), name="Alpha")
     job = make_drafts(project, 1, prompt="a lighthouse at dusk")[0]
     with django_capture_on_commit_callbacks(execute=True):  # dispatch runs on commit
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
     job.refresh_from_db()
     assert job.status == Status.PROCESSING
     assert attempts.attempt_begin(job, job.lease_token) is not None
@@ -126,7 +126,7 @@ def test_the_page_costs_a_constant_number_of_queries(
     project = make_project(owner, make_provider(owner, name="More", concurrency=5), name="More")
     make_drafts(project, 5)
     with django_capture_on_commit_callbacks(execute=True):
-        services.jobs_start(user=owner, project=project, all_drafts=True)
+        jobs_start(user=owner, project=project, all_drafts=True)
     for job in Job.objects.filter(project=project, status=Status.PROCESSING):
         attempts.attempt_begin(job, job.lease_token)
     with django_assert_max_num_queries(len(first.captured_queries)):

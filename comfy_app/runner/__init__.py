@@ -47,7 +47,7 @@ def websocket_enabled() -> bool:
 
 
 class ComfyRunner:
-    """Registered for kind "comfyui" in queue_app.engine.runners (see comfy_app.apps)."""
+    """Registered for kind "comfyui" in queue_app.engine.runner_registry (see comfy_app.apps)."""
 
     def __init__(self):
         self._pool = None
@@ -57,7 +57,7 @@ class ComfyRunner:
         self._last_check: dict[int, float] = {}
         self.listeners = None  # comfy_app.ws.Listeners, started with the first check
 
-    # queue_app.engine.runners interface
+    # queue_app.engine.runner_registry interface
 
     def wake(self, project_ids) -> None:
         for project_id in sorted(project_ids):

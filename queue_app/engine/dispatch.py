@@ -28,7 +28,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import attempts, enqueue, heartbeats, hot_sql, runners, snapshot, transitions
+from queue_app.engine import attempts, enqueue, heartbeats, hot_sql, runner_registry, snapshot, transitions
 from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def dispatchable_jobs(provider_id: int):
     return (
         Job.objects.filter(status=Status.PENDING)
         .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project_id__in=projects))
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .order_by("queued_at", "created_at", "id")
     )
@@ -147,7 +147,7 @@ def _claim_rows(
     candidates = hot_sql.dispatchable_with_projects(
         provider.id,
         projects=None,
-        excluded_kinds=runners.kinds(),
+        excluded_kinds=runner_registry.kinds(),
         limit=room,
         skip_locked=skip_locked,
         margin=provider.concurrency,
@@ -271,14 +271,14 @@ def wake(*, provider_ids=(), project_ids=()) -> None:
         )
         runner_projects = {}
         for provider_id, project_provider_id, kind, project_id in rows.distinct():
-            if kind in runners.RUNNERS:
+            if kind in runner_registry.RUNNERS:
                 runner_projects.setdefault(kind, set()).add(project_id)
             elif provider_id or project_provider_id:
                 provider_ids.add(provider_id or project_provider_id)
         provider_ids -= getattr(_local, "skip", frozenset())
         for kind, ids in runner_projects.items():
             try:
-                runners.RUNNERS[kind].wake(ids)
+                runner_registry.RUNNERS[kind].wake(ids)
             except Exception:
                 log.warning("runner %s wake failed", kind, exc_info=True)
     for provider_id in sorted(provider_ids):
@@ -339,7 +339,7 @@ def providers_with_work() -> list[int]:
     and a free slot — the safety net's to-do list (two small grouped queries)."""
     pending = (
         Job.objects.filter(status=Status.PENDING)
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .values_list("provider_id", "project__provider_id")
         .distinct()

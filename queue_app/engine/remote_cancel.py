@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 from queue_app import providers
-from queue_app.engine import runners
+from queue_app.engine import runner_registry
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Provider
 from queue_app.providers.base import ProviderError
@@ -33,7 +33,7 @@ def cancel_tasks(rows) -> int:
     calls, done = [], 0
     for row in rows:
         kind = row.get("project__kind") or ""
-        if kind in runners.RUNNERS:
+        if kind in runner_registry.RUNNERS:
             done += _runner_cancel(kind, row["id"], row["project_id"], row["task_id"])
         else:
             provider = providers_by_id.get(row.get("active_provider_id"))
@@ -51,7 +51,7 @@ def cancel_task(*, job_id, project_id, kind: str, provider_id, task_id: str, res
     not refuse; False when it cannot cancel or the request failed (logged)."""
     if not task_id:
         return False
-    if kind in runners.RUNNERS:
+    if kind in runner_registry.RUNNERS:
         return _runner_cancel(kind, job_id, project_id, task_id)
     provider = Provider.objects.filter(id=provider_id).first() if provider_id else None
     call = _provider_call(job_id, provider, task_id, resolved)
@@ -67,7 +67,7 @@ def cancel_provider_task(job, *, provider_id, task_id: str) -> bool:
 
 
 def _runner_cancel(kind: str, job_id, project_id, task_id: str) -> bool:
-    cancel = getattr(runners.RUNNERS[kind], "cancel", None)
+    cancel = getattr(runner_registry.RUNNERS[kind], "cancel", None)
     if cancel is None:
         return False
     try:

@@ -6,7 +6,7 @@ edits of the project cannot change a job in flight: the poller and the output wr
 read this snapshot, never the project.
 """
 
-from queue_app import references
+from queue_app.engine import references
 from queue_app.providers.base import ResolvedJob
 from queue_app.providers.catalogue import default_model, model_spec, resolve_option
 

@@ -29,7 +29,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import events, failpoints, model_sql, runs
+from queue_app.engine import events, failpoints, model_sql, project_runs
 from queue_app.engine.attempts import attempt_finish, attempts_cancel, attempts_interrupt
 from queue_app.engine.clock import db_now
 from queue_app.engine.leases import lease_expiry
@@ -68,7 +68,7 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
         now = timezone.now()
         # Open (or note the start on) the project's run before the events are emitted: the
         # lock order runs.run_close uses too. queued_at == the run's opened_at.
-        runs.runs_touch(project_ids={row[1] for row in rows}, at=now)
+        project_runs.runs_touch(project_ids={row[1] for row in rows}, at=now)
         Job.objects.filter(id__in=ids, status__in=allowed).update(
             status=Status.PENDING,
             error="",

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.db.models import Min
 
-from queue_app.engine import runners
+from queue_app.engine import runner_registry
 from queue_app.models import Job, Provider, Status
 
 
@@ -23,7 +23,7 @@ def next_moment(now: datetime) -> datetime | None:
     cooldown = Provider.objects.filter(paused=False, cooldown_until__gt=now).aggregate(at=Min("cooldown_until"))["at"]
     backoff = (
         Job.objects.filter(status=Status.PENDING, not_before__gt=now)
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .aggregate(at=Min("not_before"))["at"]
     )
     moments = [m for m in (cooldown, backoff) if m is not None]

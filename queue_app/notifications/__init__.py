@@ -1,6 +1,6 @@
 """Finish notifications: Web Push to every device that switched notifications on.
 
-- queue_app/engine/runs.py — project runs: opened when jobs become pending, closed once
+- queue_app/engine/project_runs.py — project runs: opened when jobs become pending, closed once
   when the project settles; the close writes the outbox rows (in the engine because the
   state machine opens runs inside its own transaction);
 - vapid.py — the key pair that signs our pushes;

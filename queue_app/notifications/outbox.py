@@ -1,5 +1,5 @@
 """Sending finish notifications: the outbox rows that closing a run wrote
-(queue_app/engine/runs.py) go out through Web Push, and the queue service's notify step.
+(queue_app/engine/project_runs.py) go out through Web Push, and the queue service's notify step.
 
 The notify step (`step`) does three things, each safe to run in any number of processes:
 1. open a run for projects that have work but no open run (a safety net: jobs started
@@ -30,7 +30,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from pywebpush import WebPushException, webpush
 
-from queue_app.engine import runs
+from queue_app.engine import project_runs
 from queue_app.engine.clock import db_now
 from queue_app.models import PushOutbox, PushSubscription
 from queue_app.notifications.vapid import vapid_keys, vapid_signer
@@ -224,8 +224,8 @@ def outbox_prune(*, now=None) -> int:
 def step(*, now=None, sender: Sender | None = None) -> int:
     """The queue service's notify step. Returns how many things it did. With a `sender`
     the sends are started and not waited for; without one they complete before it returns."""
-    did = runs.runs_open_missing()
-    closed = runs.runs_close_settled(now=now)
+    did = project_runs.runs_open_missing()
+    closed = project_runs.runs_close_settled(now=now)
     if closed:
         outbox_prune(now=now)
     did += closed

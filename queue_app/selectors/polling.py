@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db.models import Count, Min, Q
 
-from queue_app.engine import runners
+from queue_app.engine import runner_registry
 from queue_app.models import Job, Status
 from queue_app.providers import budget, poll_seconds
 
@@ -29,7 +29,7 @@ def poll_lag(provider_ids, *, now) -> dict:
     rows = (
         Job.objects.filter(status=Status.PROCESSING, active_provider_id__in=list(provider_ids))
         .exclude(task_id="")
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .values("active_provider_id", "active_provider__family", "active_provider__options")
         .annotate(n=Count("id"), overdue=Count("id", filter=Q(next_poll_at__lt=late)), oldest=Min("next_poll_at"))
         .order_by()

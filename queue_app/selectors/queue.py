@@ -5,9 +5,9 @@ from collections import defaultdict
 from django.db.models import BooleanField, Case, Count, Max, Min, Q, Value, When
 from django.utils import timezone
 
-from queue_app import states
-from queue_app.engine import heartbeats, runners
+from queue_app.engine import heartbeats, runner_registry
 from queue_app.models import Job, JobAttempt, Project, Status
+from queue_app.selectors import states
 from queue_app.selectors.polling import poll_lag
 from queue_app.selectors.visibility import visible_jobs, visible_providers
 
@@ -154,7 +154,7 @@ def queue_status(
                 }
             )
         rows.sort(key=lambda r: (-(r["processing"] + r["pending"]), -(_ts(r["latest_job_at"]))))
-        health = runner_health({row["id"] for row in rows if row["kind"] in runners.RUNNERS}, now=now)
+        health = runner_health({row["id"] for row in rows if row["kind"] in runner_registry.RUNNERS}, now=now)
         for row in rows:
             row["instance_warning"] = (health.get(row["id"]) or {}).get("message", "")
         result["instances"] = sorted(health.values(), key=lambda h: (h["reachable"], h["project_name"].lower()))
@@ -165,7 +165,7 @@ def queue_status(
 def runner_health(project_ids, now=None) -> dict:
     """{project_id: instance health} for projects a runner drives (ComfyUI): reachability
     and, when down, "instance unreachable since … — in-flight jobs fail at …"."""
-    return runners.health(project_ids, now=now)
+    return runner_registry.health(project_ids, now=now)
 
 
 def _ts(value: str | None) -> float:
@@ -361,7 +361,7 @@ def jobs_page(
     if with_attempts and chunk:
         for attempt in JobAttempt.objects.filter(job_id__in=[job.id for job in chunk]).order_by("job_id", "number", "id"):
             attempts[attempt.job_id].append(attempt)
-    health = runner_health({job.project_id for job in chunk if job.project.kind in runners.RUNNERS}, now=now)
+    health = runner_health({job.project_id for job in chunk if job.project.kind in runner_registry.RUNNERS}, now=now)
     rows = [
         job_row(job, providers=providers, live=live, now=now, attempts=attempts[job.id] if with_attempts else None, health=health)
         for job in chunk

@@ -3,10 +3,11 @@
 from django.db import transaction
 from django.utils import timezone
 
-from queue_app import limits, references
+from queue_app import limits
 from queue_app.engine import events
 from queue_app.models import Job, Kind, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE, default_model
+from queue_app.services import references
 from queue_app.services.errors import ServiceError, within_limits
 from queue_app.services.storage import reference_store
 

@@ -5,9 +5,9 @@ import logging
 from django.db import transaction
 from django.db.models import Q
 
-from queue_app import selectors
 from queue_app.engine import dispatch, events, remote_cancel, transitions
 from queue_app.models import Job, Project, Provider, Status
+from queue_app.selectors.visibility import visible_to
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import storage_check
 
@@ -75,13 +75,13 @@ def failed_scope(*, user, project_id=None, provider_id=None):
     project, or a provider queue (the job's provider, or else its project's)."""
     if project_id is not None and provider_id is not None:
         raise ServiceError("choose one scope: a project or a provider, not both")
-    jobs = selectors.visible_to(user, Job).filter(status=Status.FAILED)
+    jobs = visible_to(user, Job).filter(status=Status.FAILED)
     if project_id is not None:
-        if not selectors.visible_to(user, Project).filter(id=project_id).exists():
+        if not visible_to(user, Project).filter(id=project_id).exists():
             raise ServiceError("project not found", 404)
         jobs = jobs.filter(project_id=project_id)
     if provider_id is not None:
-        if not selectors.visible_to(user, Provider).filter(id=provider_id).exists():
+        if not visible_to(user, Provider).filter(id=provider_id).exists():
             raise ServiceError("provider not found", 404)
         jobs = jobs.filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
     return jobs

@@ -5,10 +5,11 @@ import logging
 from django.db import transaction
 from django.db.models import Q
 
-from queue_app import limits, selectors
+from queue_app import limits
 from queue_app.engine import dispatch
 from queue_app.models import Job, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE
+from queue_app.selectors.visibility import visible_to
 from queue_app.services.errors import ServiceError, refuse_unknown
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ def provider_may_change(user, provider: Provider) -> bool:
 
 
 def _own_provider(user, provider_id) -> Provider:
-    provider = selectors.visible_to(user, Provider).filter(id=provider_id).first()
+    provider = visible_to(user, Provider).filter(id=provider_id).first()
     if provider is None:
         raise ServiceError("provider not found", 404)
     if not provider_may_change(user, provider):

@@ -6,9 +6,9 @@ import logging
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from queue_app import references
 from queue_app.engine import events, outputs
 from queue_app.models import Job, Reference, Status
+from queue_app.services import references
 from queue_app.services.errors import ServiceError
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ Authentication is the session (browser; CSRF checked on writes) or a personal AP
 project, provider or job answers 404 — never 403 — so ids cannot be probed.
 Errors are {"error": "<readable message>"} with the status code of the refusal.
 
-`Idempotency-Key` on the creating, starting and cancelling endpoints (services.idempotent):
+`Idempotency-Key` on the creating, starting and cancelling endpoints (idempotent):
 the same key and body replays the first response, a different body answers 422, a request
 still running under that key answers 409. Keys are per user and kept at least 24 hours.
 """
@@ -20,9 +20,17 @@ from django.http import Http404, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import limits, schemas, selectors, services
+from queue_app import limits
 from queue_app.models import Project
-from queue_app.web import tokens
+from queue_app.selectors.queue import jobs_page, queue_status
+from queue_app.selectors.visibility import visible_jobs, visible_to
+from queue_app.services import jobs as job_writes
+from queue_app.services.drafts import jobs_create_drafts
+from queue_app.services.errors import ServiceError
+from queue_app.services.idempotency import idempotent
+from queue_app.services.jobs import failed_jobs_clear, failed_jobs_retry, failed_scope, jobs_start
+from queue_app.services.providers import _own_provider, provider_set_concurrency, provider_set_paused
+from queue_app.web import schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +108,7 @@ def endpoint(*methods):
                 if request.method in ("POST", "PATCH"):
                     body = read_body(request)
                 return view(request, body, *args, **kwargs)
-            except services.ServiceError as refusal:
+            except ServiceError as refusal:
                 return error(refusal.message, refusal.code)
             except Http404:
                 return error("not found", 404)
@@ -115,10 +123,10 @@ MAX_ID = 2**63 - 1
 
 def visible_project(user, project_id) -> Project:
     if isinstance(project_id, bool) or not isinstance(project_id, int) or not 1 <= project_id <= MAX_ID:
-        raise services.ServiceError("project not found", 404)
-    project = selectors.visible_to(user, Project).filter(id=project_id).first()
+        raise ServiceError("project not found", 404)
+    project = visible_to(user, Project).filter(id=project_id).first()
     if project is None:
-        raise services.ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404)
     return project
 
 
@@ -128,7 +136,7 @@ def visible_project(user, project_id) -> Project:
 @endpoint("GET")
 def queue_status_view(request, body):
     query = schemas.validate_query(schemas.QueueStatusQuery, request.GET)
-    return answer(selectors.queue_status(user=request.user, breakdown=query.breakdown, limit=query.limit))
+    return answer(queue_status(user=request.user, breakdown=query.breakdown, limit=query.limit))
 
 
 def act_on_failed(user, body, *, action: str) -> dict:
@@ -136,12 +144,12 @@ def act_on_failed(user, body, *, action: str) -> dict:
     args = body if isinstance(body, schemas.FailedScope) else schemas.validate(schemas.FailedScope, body)
     scope = {"project_id": args.project_id, "provider_id": args.provider_id}
     if args.dry_run:
-        count = services.failed_scope(user=user, **scope).count()
+        count = failed_scope(user=user, **scope).count()
         return {"dry_run": True, "affected": count, **scope}
     if action == "clear":
-        result = services.failed_jobs_clear(user=user, **scope)
+        result = failed_jobs_clear(user=user, **scope)
         return {"cleared": result["cleared"], **scope}
-    result = services.failed_jobs_retry(user=user, **scope)
+    result = failed_jobs_retry(user=user, **scope)
     return {"retried": result["retried"], **scope}
 
 
@@ -169,8 +177,8 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
     if args.provider_id is not None:
         provider = Provider.objects.filter(id=args.provider_id, owner=project.owner).first()
         if provider is None:
-            raise services.ServiceError("provider not found", 404)
-    jobs = services.jobs_create_drafts(
+            raise ServiceError("provider not found", 404)
+    jobs = jobs_create_drafts(
         user=project.owner,
         project=project,
         prompt=args.prompt,
@@ -204,7 +212,7 @@ def drafts_view(request, body, project_id):
     if body.get("project_id") == project.id:
         body = {key: value for key, value in body.items() if key != "project_id"}  # the path already says it
     args = schemas.validate(schemas.CreateDrafts, body)
-    payload, code = services.idempotent(
+    payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
         scope=f"drafts:{project.id}",
@@ -219,12 +227,12 @@ def start_view(request, body, project_id):
     project = visible_project(request.user, project_id)
     args = schemas.validate(schemas.StartJobs, body)
     job_ids, all_drafts = args.ids(), args.all_drafts
-    payload, code = services.idempotent(
+    payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
         scope=f"start:{project.id}",
         body=body,
-        run=lambda: (services.jobs_start(user=project.owner, project=project, job_ids=job_ids, all_drafts=all_drafts), 200),
+        run=lambda: (jobs_start(user=project.owner, project=project, job_ids=job_ids, all_drafts=all_drafts), 200),
     )
     return answer(payload, code)
 
@@ -236,36 +244,36 @@ def jobs_retry_view(request, body):
 
 def jobs_retry(user, args) -> dict:
     job_ids = [str(job_id) for job_id in args.job_ids]
-    visible = selectors.visible_jobs(user).filter(id__in=job_ids)
+    visible = visible_jobs(user).filter(id__in=job_ids)
     if visible.count() != len(set(job_ids)):
-        raise services.ServiceError("job not found", 404)
+        raise ServiceError("job not found", 404)
     owners = set(visible.values_list("owner_id", flat=True))
     retried = []
     from django.contrib.auth import get_user_model
 
     for owner in get_user_model().objects.filter(id__in=owners):
-        retried += services.jobs_retry(user=owner, job_ids=job_ids)["retried"]
+        retried += job_writes.jobs_retry(user=owner, job_ids=job_ids)["retried"]
     return {"retried": retried, "skipped": len(set(job_ids)) - len(retried)}
 
 
 def jobs_cancel(user, job_ids: list[str]) -> dict:
     """Cancel pending/processing jobs the user may see (staff: anyone's); one that is not
     visible makes the whole request 404, like a retry. The API and MCP share this."""
-    visible = selectors.visible_jobs(user).filter(id__in=job_ids)
+    visible = visible_jobs(user).filter(id__in=job_ids)
     if visible.count() != len(set(job_ids)):
-        raise services.ServiceError("job not found", 404)
+        raise ServiceError("job not found", 404)
     from django.contrib.auth import get_user_model
 
     cancelled = 0
     for owner in get_user_model().objects.filter(id__in=set(visible.values_list("owner_id", flat=True))):
-        cancelled += services.jobs_cancel(user=owner, job_ids=job_ids)["cancelled"]
+        cancelled += job_writes.jobs_cancel(user=owner, job_ids=job_ids)["cancelled"]
     return {"cancelled": cancelled, "skipped": len(set(job_ids)) - cancelled}
 
 
 @endpoint("POST")
 def jobs_cancel_view(request, body):
     job_ids = [str(job_id) for job_id in schemas.validate(schemas.CancelJobs, body).job_ids]
-    payload, code = services.idempotent(
+    payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
         scope="cancel",
@@ -279,7 +287,7 @@ def jobs_cancel_view(request, body):
 def project_jobs_view(request, body, project_id):
     project = visible_project(request.user, project_id)
     query = schemas.validate_query(schemas.ProjectJobsQuery, request.GET)
-    result = selectors.jobs_page(
+    result = jobs_page(
         user=request.user,
         project_id=project.id,
         state=query.status,
@@ -293,8 +301,8 @@ def project_jobs_view(request, body, project_id):
 @endpoint("POST")
 def provider_view(request, body, provider_id):
     if not 1 <= provider_id <= MAX_ID:
-        raise services.ServiceError("provider not found", 404)
-    services._own_provider(request.user, provider_id)  # another user's provider is 404 whatever the body says
+        raise ServiceError("provider not found", 404)
+    _own_provider(request.user, provider_id)  # another user's provider is 404 whatever the body says
     return answer(provider_update(request.user, provider_id, schemas.validate(schemas.ProviderUpdate, body)))
 
 
@@ -302,9 +310,9 @@ def provider_update(user, provider_id: int, args) -> dict:
     """Both changes or neither: validated in full first, then written in one transaction."""
     with transaction.atomic():
         if args.paused is not None:
-            provider = services.provider_set_paused(user=user, provider_id=provider_id, paused=args.paused)
+            provider = provider_set_paused(user=user, provider_id=provider_id, paused=args.paused)
         if args.concurrency is not None:
-            provider = services.provider_set_concurrency(user=user, provider_id=provider_id, concurrency=args.concurrency)
+            provider = provider_set_concurrency(user=user, provider_id=provider_id, concurrency=args.concurrency)
     return {
         "id": provider.id,
         "name": provider.name,

@@ -4,24 +4,25 @@ services and reference checks as the project page (queue_app.web.drafts)."""
 
 import json
 
-from queue_app import services
 from queue_app.models import Job, Provider, Status
+from queue_app.services.drafts import DRAFT_FIELDS, draft_update, drafts_delete
+from queue_app.services.errors import ServiceError, refuse_unknown
 from queue_app.web.api import answer, endpoint
 
-SETTING_KEYS = (*services.DRAFT_FIELDS, "duration", "params", "references")
+SETTING_KEYS = (*DRAFT_FIELDS, "duration", "params", "references")
 
 
 def whole_number(value, name: str, *, low: int, high: int, default=None) -> int:
     if value in (None, ""):
         if default is None:
-            raise services.ServiceError(f"{name} is required")
+            raise ServiceError(f"{name} is required")
         return default
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError):
-        raise services.ServiceError(f"{name} must be a whole number") from None
+        raise ServiceError(f"{name} must be a whole number") from None
     if isinstance(value, bool) or isinstance(value, float) or not low <= number <= high:
-        raise services.ServiceError(f"{name} must be a whole number from {low} to {high}")
+        raise ServiceError(f"{name} must be a whole number from {low} to {high}")
     return number
 
 
@@ -32,7 +33,7 @@ def draft_payload(job: Job) -> dict:
         "prompt": job.prompt,
         "provider_id": job.provider_id,
         "references": job.references,
-        "settings": {name: getattr(job, name) for name in (*services.DRAFT_FIELDS, "duration", "params")},
+        "settings": {name: getattr(job, name) for name in (*DRAFT_FIELDS, "duration", "params")},
     }
 
 
@@ -40,12 +41,12 @@ def patch_body(request) -> dict:
     try:
         body = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):
-        raise services.ServiceError("the body is not valid JSON") from None
+        raise ServiceError("the body is not valid JSON") from None
     if not isinstance(body, dict):
-        raise services.ServiceError("the body must be a JSON object")
-    services.refuse_unknown(body, {"prompt", "provider_id", "settings", *SETTING_KEYS})
+        raise ServiceError("the body must be a JSON object")
+    refuse_unknown(body, {"prompt", "provider_id", "settings", *SETTING_KEYS})
     if body.get("settings") is not None and not isinstance(body["settings"], dict):
-        raise services.ServiceError("settings must be an object")
+        raise ServiceError("settings must be an object")
     return body
 
 
@@ -53,14 +54,14 @@ def patch_body(request) -> dict:
 def draft_view(request, body, job_id):
     job = Job.objects.filter(id=job_id, owner=request.user).select_related("project", "provider").first()
     if job is None:
-        raise services.ServiceError("draft not found", 404)
+        raise ServiceError("draft not found", 404)
     if job.status != Status.DRAFT:
-        raise services.ServiceError("this job is no longer a draft (it was started)", 409)
+        raise ServiceError("this job is no longer a draft (it was started)", 409)
     if request.method == "DELETE":
-        services.drafts_delete(user=request.user, project=job.project, job_ids=[job.id])
+        drafts_delete(user=request.user, project=job.project, job_ids=[job.id])
         return answer({"deleted": 1})
     body = patch_body(request)
-    settings_ = {name: getattr(job, name) for name in (*services.DRAFT_FIELDS, "duration", "params", "references")}
+    settings_ = {name: getattr(job, name) for name in (*DRAFT_FIELDS, "duration", "params", "references")}
     settings_.update(body.get("settings") or {})
     settings_.update({key: body[key] for key in SETTING_KEYS if key in body})
     provider = job.provider
@@ -72,9 +73,9 @@ def draft_view(request, body, job_id):
             provider_id = whole_number(body["provider_id"], "provider_id", low=1, high=2**62)
             provider = Provider.objects.filter(id=provider_id, owner=request.user).first()
             if provider is None:
-                raise services.ServiceError("provider not found", 404)
+                raise ServiceError("provider not found", 404)
     prompt = body["prompt"] if "prompt" in body else job.prompt
     if not isinstance(prompt, str):
-        raise services.ServiceError("prompt must be text")
-    job = services.draft_update(user=request.user, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
+        raise ServiceError("prompt must be text")
+    job = draft_update(user=request.user, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
     return answer(draft_payload(job))

@@ -10,9 +10,15 @@ superuser or the change permission (services.provider_may_change)."""
 
 import inspect
 
-from queue_app import selectors, services
 from queue_app.models import Project, Provider
 from queue_app.providers import keycheck
+from queue_app.selectors.agents import provider_json
+from queue_app.selectors.projects import own_projects, project_footprint, project_json, storage_summary
+from queue_app.selectors.visibility import provider_visible
+from queue_app.services.errors import ServiceError
+from queue_app.services.idempotency import idempotent
+from queue_app.services.projects import project_create, project_delete, project_set_archived, project_update
+from queue_app.services.providers import provider_delete, provider_save, provider_work
 from queue_app.web import api
 from queue_app.web.api import answer, endpoint, visible_project
 
@@ -24,15 +30,15 @@ def projects_view(request, body):
     if request.method == "GET":
         archived = request.GET.get("archived", "false")
         if archived not in ARCHIVED:
-            raise services.ServiceError("archived must be true, false or all")
-        projects = selectors.own_projects(request.user, archived=ARCHIVED[archived])
-        return answer({"projects": [selectors.project_json(project) for project in projects]})
-    payload, code = services.idempotent(
+            raise ServiceError("archived must be true, false or all")
+        projects = own_projects(request.user, archived=ARCHIVED[archived])
+        return answer({"projects": [project_json(project) for project in projects]})
+    payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
         scope="projects:create",
         body=body,
-        run=lambda: (selectors.project_json(services.project_create(user=request.user, data=body)), 201),
+        run=lambda: (project_json(project_create(user=request.user, data=body)), 201),
     )
     return answer(payload, code)
 
@@ -41,13 +47,13 @@ def _project_update(user, project: Project, body: dict) -> Project:
     data = dict(body)
     archived = data.pop("archived", None)
     if archived is not None and not isinstance(archived, bool):
-        raise services.ServiceError("archived must be true or false")
+        raise ServiceError("archived must be true or false")
     if project.owner_id != user.id:
-        raise services.ServiceError("only the project's owner can change it", 403)
+        raise ServiceError("only the project's owner can change it", 403)
     if data:  # checked whole before anything is written
-        services.project_update(user=user, project=project, data=data)
+        project_update(user=user, project=project, data=data)
     if archived is not None:
-        services.project_set_archived(user=user, project=project, archived=archived)
+        project_set_archived(user=user, project=project, archived=archived)
     return project
 
 
@@ -57,24 +63,24 @@ def project_view(request, body, project_id):
     if request.method == "GET":
         return answer(
             {
-                **selectors.project_json(project),
-                "footprint": selectors.project_footprint(project),
-                "storage": selectors.storage_summary(project.owner, project=project),
+                **project_json(project),
+                "footprint": project_footprint(project),
+                "storage": storage_summary(project.owner, project=project),
             }
         )
     if request.method == "PATCH":
         if not body:
-            raise services.ServiceError("give the fields to change")
-        return answer(selectors.project_json(_project_update(request.user, project, body)))
+            raise ServiceError("give the fields to change")
+        return answer(project_json(_project_update(request.user, project, body)))
     if project.owner_id != request.user.id:
-        raise services.ServiceError("only the project's owner can delete it", 403)
-    return answer({"deleted": True, **services.project_delete(user=request.user, project=project)})
+        raise ServiceError("only the project's owner can delete it", 403)
+    return answer({"deleted": True, **project_delete(user=request.user, project=project)})
 
 
 def _visible_provider(user, provider_id) -> Provider:
-    provider = selectors.provider_visible(user, provider_id)
+    provider = provider_visible(user, provider_id)
     if provider is None:
-        raise services.ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404)
     return provider
 
 
@@ -82,13 +88,13 @@ def _visible_provider(user, provider_id) -> Provider:
 def providers_view(request, body):
     if request.method == "GET":
         providers = Provider.objects.all() if request.user.is_staff else Provider.objects.filter(owner=request.user)
-        return answer({"providers": [selectors.provider_json(p) for p in providers.order_by("id")]})
-    payload, code = services.idempotent(
+        return answer({"providers": [provider_json(p) for p in providers.order_by("id")]})
+    payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
         scope="providers:create",
         body={key: value for key, value in body.items() if key not in ("api_key", "api_secret")},
-        run=lambda: (selectors.provider_json(services.provider_save(user=request.user, data=body)), 201),
+        run=lambda: (provider_json(provider_save(user=request.user, data=body)), 201),
     )
     return answer(payload, code)
 
@@ -100,12 +106,12 @@ def provider_view(request, body, provider_id):
         return inspect.unwrap(api.provider_view)(request, body, provider_id)
     provider = _visible_provider(request.user, provider_id)
     if request.method == "GET":
-        return answer({**selectors.provider_json(provider), "work": services.provider_work(provider)})
+        return answer({**provider_json(provider), "work": provider_work(provider)})
     if request.method == "PATCH":
         if not body:
-            raise services.ServiceError("give the fields to change")
-        return answer(selectors.provider_json(services.provider_save(user=request.user, provider=provider, data=body)))
-    return answer(services.provider_delete(user=request.user, provider_id=provider.id))
+            raise ServiceError("give the fields to change")
+        return answer(provider_json(provider_save(user=request.user, provider=provider, data=body)))
+    return answer(provider_delete(user=request.user, provider_id=provider.id))
 
 
 @endpoint("POST")

@@ -7,7 +7,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.views.decorators.http import require_POST
 
-from queue_app import services
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import attention_mark_failed, attention_resubmit
 from queue_app.web import monitor
 from queue_app.web.pages import job_ids
 
@@ -18,13 +19,13 @@ def attention_action(request, action):
     ids = job_ids(request.POST.getlist("job"))
     try:
         if action == "resubmit":
-            done = len(services.attention_resubmit(user=request.user, job_ids=ids)["resubmitted"])
+            done = len(attention_resubmit(user=request.user, job_ids=ids)["resubmitted"])
             messages.success(request, f"{done} job(s) resubmitted")
         elif action == "mark-failed":
-            done = services.attention_mark_failed(user=request.user, job_ids=ids)["marked_failed"]
+            done = attention_mark_failed(user=request.user, job_ids=ids)["marked_failed"]
             messages.success(request, f"{done} job(s) marked failed")
         else:
             messages.error(request, "unknown action")
-    except services.ServiceError as refusal:
+    except ServiceError as refusal:
         messages.error(request, refusal.message)
     return monitor.back(request)

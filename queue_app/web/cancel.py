@@ -1,5 +1,5 @@
 """The Cancel buttons: on the project page (a row, or the selected jobs), the job page and
-the Queue Monitor. Thin like every page: the service does the work (services.jobs_cancel);
+the Queue Monitor. Thin like every page: the service does the work (jobs_cancel);
 lookups go through the same ownership helpers as the other pages (staff may act on
 everyone's jobs, like on the monitor's retry and clear)."""
 
@@ -8,8 +8,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, services
 from queue_app.models import Job, Project
+from queue_app.selectors.visibility import visible_jobs
+from queue_app.services.jobs import jobs_cancel
 from queue_app.web import api, monitor, pages
 from queue_app.web.pages import job_ids
 
@@ -29,7 +30,7 @@ def project_cancel(request, project_id):
     if not ids:
         messages.error(request, "select pending or processing jobs first")
     else:
-        _say(request, services.jobs_cancel(user=project.owner, job_ids=ids))
+        _say(request, jobs_cancel(user=project.owner, job_ids=ids))
     return pages._back_to(project, request)
 
 
@@ -37,7 +38,7 @@ def project_cancel(request, project_id):
 @require_POST
 def job_cancel(request, job_id):
     job = pages.own(Job, request.user, id=job_id)
-    _say(request, services.jobs_cancel(user=job.owner, job_ids=[job.id]))
+    _say(request, jobs_cancel(user=job.owner, job_ids=[job.id]))
     return redirect("job_detail", job_id=job.id)
 
 
@@ -46,7 +47,7 @@ def job_cancel(request, job_id):
 def monitor_cancel(request):
     """A monitor row's Cancel (or several ticked rows); back to the monitor view it came from."""
     ids = job_ids(request.POST.getlist("job"))
-    ids = [str(i) for i in selectors.visible_jobs(request.user).filter(id__in=ids).values_list("id", flat=True)]
+    ids = [str(i) for i in visible_jobs(request.user).filter(id__in=ids).values_list("id", flat=True)]
     if not ids:
         messages.error(request, "select pending or processing jobs first")
     else:

@@ -11,11 +11,17 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from queue_app import references, selectors, services
 from queue_app.models import Job, Kind, Project, Provider
 from queue_app.providers.catalogue import CATALOGUE, model_spec
+from queue_app.selectors.projects import album_images, draft_providers, project_drafts, reference_of
+from queue_app.services import drafts as draft_writes
+from queue_app.services import references
+from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST, draft_update, jobs_create_drafts
+from queue_app.services.errors import ServiceError
+from queue_app.services.storage import reference_store
 from queue_app.web import album_files
 from queue_app.web.pages import _back_to, _is_uuid, act_on_selected, own
 
@@ -33,10 +39,10 @@ def chosen_provider(request_data, project: Project) -> Provider | None:
     if not value:
         return None
     if not value.isdigit() or len(value) > 18:
-        raise services.ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404)
     provider = Provider.objects.filter(id=int(value), owner=project.owner).first()
     if provider is None:
-        raise services.ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404)
     return provider
 
 
@@ -73,7 +79,7 @@ def fields_context(project: Project, data, *, job: Job | None = None) -> dict:
     current = (lambda name: str(getattr(job, name) or "")) if job is not None else (lambda name: "")
     try:
         provider = chosen_provider(data, project) if "provider" in data else (job.provider if job else None)
-    except services.ServiceError:
+    except ServiceError:
         provider = None
     choices = model_choices(project, provider)
     values = [value for value, _ in choices]
@@ -84,7 +90,7 @@ def fields_context(project: Project, data, *, job: Job | None = None) -> dict:
     selected = {name: (data.get(name) if name in data else current(name)) or "" for name in OPTION_NAMES}
     return {
         "project": project,
-        "draft_providers": [] if project.kind == Kind.COMFYUI else selectors.draft_providers(project.owner, project.kind),
+        "draft_providers": [] if project.kind == Kind.COMFYUI else draft_providers(project.owner, project.kind),
         "chosen_provider": provider.id if provider else "",
         "models": choices,
         "chosen_model": model,
@@ -102,7 +108,7 @@ def form_settings(project: Project, provider: Provider | None, data) -> dict:
     model = (data.get("model") or "").strip()
     allowed_models = [choice[0] for choice in model_choices(project, provider)]
     if model and allowed_models and model not in allowed_models:
-        raise services.ServiceError(f"model {model!r} is not offered by this provider for {project.kind}")
+        raise ServiceError(f"model {model!r} is not offered by this provider for {project.kind}")
     offered = option_lists(project, provider, model or project.model)
     values = {"model": model} if model else {}
     for name, allowed in offered.items():
@@ -110,10 +116,10 @@ def form_settings(project: Project, provider: Provider | None, data) -> dict:
         if not value:
             continue
         if allowed and value not in allowed:
-            raise services.ServiceError(f"{name.replace('_', ' ')} {value!r} is not offered by the model")
+            raise ServiceError(f"{name.replace('_', ' ')} {value!r} is not offered by the model")
         if name == "duration":
             if not value.isdigit():
-                raise services.ServiceError("duration must be a whole number of seconds")
+                raise ServiceError("duration must be a whole number of seconds")
             value = int(value)
         values[name] = value
     return values
@@ -127,15 +133,15 @@ def form_references(request, owner, *, keep=()) -> list[str]:
     uploads = request.FILES.getlist("reference_files")
     total = len(keep) + len(picked) + len(uploads)
     if total > references.MAX_REFERENCES:
-        raise services.ServiceError(f"{total} reference images; a draft takes at most {references.MAX_REFERENCES}")
+        raise ServiceError(f"{total} reference images; a draft takes at most {references.MAX_REFERENCES}")
     stored = []
     for upload in uploads:
         label = f"{upload.name[:60]!r}"
         if upload.size > references.MAX_REFERENCE_BYTES:
-            raise services.ServiceError(
+            raise ServiceError(
                 f"{label} is {upload.size / 1e6:.1f} MB; a reference image may be {references.MAX_REFERENCE_BYTES / 1e6:.0f} MB"
             )
-        stored.append("ref:" + services.reference_store(owner, upload.read(), label=label))
+        stored.append("ref:" + reference_store(owner, upload.read(), label=label))
     return [*keep, *picked, *stored]
 
 
@@ -144,15 +150,15 @@ def form_references(request, owner, *, keep=()) -> list[str]:
 
 def drafts_context(request, project: Project) -> dict:
     """The drafts list (a page of PAGE_SIZE), and the add form's fields."""
-    paginator = Paginator(selectors.project_drafts(project), PAGE_SIZE)
+    paginator = Paginator(project_drafts(project), PAGE_SIZE)
     page = paginator.get_page(request.GET.get("drafts_page"))
     drafts = list(page.object_list)
     for job in drafts:
-        job.thumbnails = references.thumbnails(job.references)
+        job.thumbnails = reference_thumbnails(job.references)
     return {
         "drafts": drafts,
         "drafts_page": page,
-        "album_images": selectors.album_images(project),
+        "album_images": album_images(project),
         "max_references": references.MAX_REFERENCES,
         **fields_context(project, request.GET),
     }
@@ -174,13 +180,13 @@ def drafts_add(request, project_id):
     try:
         quantity = request.POST.get("quantity") or "1"
         if not quantity.isdigit():
-            raise services.ServiceError(f"quantity must be a whole number from 1 to {services.MAX_DRAFTS_PER_REQUEST}")
+            raise ServiceError(f"quantity must be a whole number from 1 to {MAX_DRAFTS_PER_REQUEST}")
         if not request.POST.get("prompt", "").strip():
-            raise services.ServiceError("a prompt is required")  # before any upload is stored
+            raise ServiceError("a prompt is required")  # before any upload is stored
         provider = chosen_provider(request.POST, project)
         settings_ = form_settings(project, provider, request.POST)
         settings_["references"] = form_references(request, project.owner)
-        jobs = services.jobs_create_drafts(
+        jobs = jobs_create_drafts(
             user=project.owner,
             project=project,
             prompt=request.POST.get("prompt", ""),
@@ -191,7 +197,7 @@ def drafts_add(request, project_id):
         )
         created = len(jobs)
         messages.success(request, f"{created} draft(s) created")
-    except services.ServiceError as error:
+    except ServiceError as error:
         messages.error(request, error.message)
     response = _back_to(project, request)
     if isinstance(response, JsonResponse):
@@ -205,7 +211,7 @@ def drafts_add(request, project_id):
 def selected_drafts(request, project: Project) -> list:
     """The ticked drafts, or every draft of the project when "all N drafts" was chosen."""
     if request.POST.get("all") == "1":
-        return list(selectors.project_drafts(project).values_list("id", flat=True))
+        return list(project_drafts(project).values_list("id", flat=True))
     return [value for value in request.POST.getlist("job") if _is_uuid(value)]
 
 
@@ -215,7 +221,7 @@ def drafts_delete(request, project_id):
     project = own(Project, request.user, id=project_id)
 
     def delete(ids) -> int:
-        return services.drafts_delete(user=project.owner, project=project, job_ids=ids)
+        return draft_writes.drafts_delete(user=project.owner, project=project, job_ids=ids)
 
     ids = selected_drafts(request, project)
     return act_on_selected(
@@ -229,7 +235,7 @@ def drafts_duplicate(request, project_id):
     project = own(Project, request.user, id=project_id)
 
     def duplicate(ids) -> int:
-        return len(services.drafts_duplicate(user=project.owner, project=project, job_ids=ids))
+        return len(draft_writes.drafts_duplicate(user=project.owner, project=project, job_ids=ids))
 
     ids = selected_drafts(request, project)
     return act_on_selected(
@@ -254,17 +260,17 @@ def draft_edit(request, project_id, job_id):
             provider = chosen_provider(request.POST, project)
             settings_ = form_settings(project, provider, request.POST)
             settings_["references"] = form_references(request, project.owner, keep=keep)
-            services.draft_update(user=project.owner, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
+            draft_update(user=project.owner, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
             messages.success(request, "draft saved")
             return redirect("project_detail", project_id=project.id)
-        except services.ServiceError as error:
+        except ServiceError as error:
             messages.error(request, error.message)
     data = request.POST if request.method == "POST" else {}
     context = {
         "job": job,
         "prompt": prompt,
-        "thumbnails": list(zip(job.references or [], references.thumbnails(job.references), strict=True)),
-        "album_images": selectors.album_images(project),
+        "thumbnails": list(zip(job.references or [], reference_thumbnails(job.references), strict=True)),
+        "album_images": album_images(project),
         "max_references": references.MAX_REFERENCES,
         **fields_context(project, data, job=job),
     }
@@ -274,7 +280,21 @@ def draft_edit(request, project_id, job_id):
 @login_required
 def reference_file(request, sha256):
     """An uploaded reference image, for its owner only, with the album's hardening."""
-    row = selectors.reference_of(request.user, sha256)
+    row = reference_of(request.user, sha256)
     if row is None or not row.file:
         raise Http404("not found")
     return album_files.harden(FileResponse(row.file.open("rb")), row.content_type, filename=f"reference-{sha256[:12]}")
+
+
+def reference_thumbnails(values) -> list[dict]:
+    """What a draft row shows for each reference: a local image's thumbnail address, or a
+    URL's host."""
+    shown = []
+    for value in values or []:
+        if value.startswith("ref:"):
+            shown.append({"src": reverse("reference_file", args=[value[4:]]), "title": "uploaded image"})
+        elif value.startswith("album:") and value[6:].isdigit():
+            shown.append({"src": reverse("album_file", args=[int(value[6:])]), "title": "album image"})
+        else:
+            shown.append({"src": "", "title": value[:80]})
+    return shown

@@ -28,8 +28,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from queue_app import schemas, selectors, services
-from queue_app.web import api, mcp_tools, tokens
+from queue_app.selectors.jobs import jobs_by_status
+from queue_app.services.errors import ServiceError
+from queue_app.web import api, mcp_tools, schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def tool_result(structured: dict, extra_content=()) -> dict:
     }
 
 
-def tool_refusal(refusal: services.ServiceError) -> dict:
+def tool_refusal(refusal: ServiceError) -> dict:
     # A tool's refusal is a result the model can read, not a protocol error; the HTTP
     # status it would have on the JSON API (404, 409, 422…) is kept in the text.
     text = refusal.message if refusal.code == 400 else f"{refusal.message} ({refusal.code})"
@@ -80,7 +81,7 @@ def call_tool(request, user, params: dict) -> dict:
             structured = mcp_tools.call(mcp_tools.BY_NAME[name], ctx, args)
         else:
             structured = json.loads(json.dumps(HANDLERS[name](user, args), cls=DjangoJSONEncoder))
-    except services.ServiceError as refusal:
+    except ServiceError as refusal:
         return tool_refusal(refusal)
     log.info("mcp tool %s called by user %s", name, user.pk)
     return tool_result(structured, ctx.extra_content)
@@ -256,7 +257,7 @@ async def watch(request_id, started: dict, token, seconds: float):
     deadline = time.monotonic() + seconds
     last = None
     while True:
-        counts = await sync_to_async(selectors.jobs_by_status)(job_ids)
+        counts = await sync_to_async(jobs_by_status)(job_ids)
         done = sum(counts.get(status, 0) for status in FINISHED)
         if token is not None and done != last:
             text = f"{done} of {total} finished ({counts.get('failed', 0)} failed)"

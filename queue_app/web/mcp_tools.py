@@ -1,8 +1,8 @@
 """The MCP tools: what a person does from the pages, for an agent (issue 17).
 
 Each tool is one row of TOOLS: its arguments and its result are pydantic models from
-`queue_app.schemas` (the same models the JSON API validates with) and
-`queue_app.agent_schemas` (lists and lookups), so inputSchema and outputSchema are
+`queue_app.web.schemas` (the same models the JSON API validates with) and
+`queue_app.web.agent_schemas` (lists and lookups), so inputSchema and outputSchema are
 generated, never written by hand. A handler gets the validated arguments and calls one
 selector or service, like an API view.
 
@@ -17,8 +17,13 @@ from dataclasses import dataclass, field
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import BaseModel
 
-from queue_app import agent_schemas, schemas, selectors, services
-from queue_app.web import api
+from queue_app.selectors import queue as queue_reads
+from queue_app.selectors.agents import job_summary, project_detail, projects_after, providers_after
+from queue_app.selectors.queue import jobs_page
+from queue_app.services.errors import ServiceError
+from queue_app.services.idempotency import idempotent
+from queue_app.services.jobs import jobs_start
+from queue_app.web import agent_schemas, api, schemas
 
 READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 # Starting work calls provider APIs (the open world) and may spend money.
@@ -74,9 +79,9 @@ def cursor_value(cursor: str | None) -> int:
     try:
         value = json.loads(base64.urlsafe_b64decode(cursor.encode()))["after"]
     except (ValueError, KeyError, TypeError):
-        raise services.ServiceError("cursor: not a cursor this server gave") from None
+        raise ServiceError("cursor: not a cursor this server gave") from None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= schemas.MAX_ID:
-        raise services.ServiceError("cursor: not a cursor this server gave")
+        raise ServiceError("cursor: not a cursor this server gave")
     return value
 
 
@@ -89,28 +94,28 @@ def page(rows_key: str, result: dict) -> dict:
 
 
 def queue_status(ctx: Context, args) -> dict:
-    return selectors.queue_status(user=ctx.user, breakdown=args.breakdown, limit=args.limit)
+    return queue_reads.queue_status(user=ctx.user, breakdown=args.breakdown, limit=args.limit)
 
 
 def list_projects(ctx: Context, args) -> dict:
-    return page("projects", selectors.projects_after(user=ctx.user, after_id=cursor_value(args.cursor), limit=args.limit))
+    return page("projects", projects_after(user=ctx.user, after_id=cursor_value(args.cursor), limit=args.limit))
 
 
 def get_project(ctx: Context, args) -> dict:
-    project = selectors.project_detail(user=ctx.user, project_id=args.project_id)
+    project = project_detail(user=ctx.user, project_id=args.project_id)
     if project is None:
-        raise services.ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404)
     return project
 
 
 def list_providers(ctx: Context, args) -> dict:
-    return page("providers", selectors.providers_after(user=ctx.user, after_id=cursor_value(args.cursor), limit=args.limit))
+    return page("providers", providers_after(user=ctx.user, after_id=cursor_value(args.cursor), limit=args.limit))
 
 
 def get_provider(ctx: Context, args) -> dict:
-    found = selectors.providers_after(user=ctx.user, after_id=args.provider_id - 1, limit=1)["providers"]
+    found = providers_after(user=ctx.user, after_id=args.provider_id - 1, limit=1)["providers"]
     if not found or found[0]["id"] != args.provider_id:
-        raise services.ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404)
     return found[0]
 
 
@@ -118,7 +123,7 @@ def list_jobs(ctx: Context, args) -> dict:
     if args.project_id is not None:
         api.visible_project(ctx.user, args.project_id)
     number = cursor_value(args.cursor) or 1
-    result = selectors.jobs_page(
+    result = jobs_page(
         user=ctx.user,
         state=args.status,
         project_id=args.project_id,
@@ -134,9 +139,9 @@ def list_jobs(ctx: Context, args) -> dict:
 def get_job(ctx: Context, args) -> dict:
     from queue_app.models import AlbumItem
 
-    job = selectors.job_summary(user=ctx.user, job_id=args.job_id)
+    job = job_summary(user=ctx.user, job_id=args.job_id)
     if job is None:
-        raise services.ServiceError("job not found", 404)
+        raise ServiceError("job not found", 404)
     inlined = 0
     for output in job["outputs"]:
         has_file = output.pop("has_file")
@@ -168,7 +173,7 @@ def once(ctx: Context, args, *, scope: str, run, exclude=()) -> dict:
     arguments replays the first payload. The fingerprint is the arguments as the REST body
     they mirror (`exclude`: the ones the REST call carries in its path or not at all)."""
     body = args.model_dump(mode="json", exclude_none=True, exclude_defaults=True, exclude={"idempotency_key", *exclude})
-    payload, _ = services.idempotent(user=ctx.user, key=args.idempotency_key, scope=scope, body=body, run=run)
+    payload, _ = idempotent(user=ctx.user, key=args.idempotency_key, scope=scope, body=body, run=run)
     return payload
 
 
@@ -183,7 +188,7 @@ def start_jobs(ctx: Context, args) -> dict:
     project = api.visible_project(ctx.user, args.project_id)
 
     def run():
-        return services.jobs_start(user=project.owner, project=project, job_ids=args.ids(), all_drafts=args.all_drafts), 200
+        return jobs_start(user=project.owner, project=project, job_ids=args.ids(), all_drafts=args.all_drafts), 200
 
     return once(ctx, args, scope=f"start:{project.id}", run=run, exclude=("project_id", "wait", "wait_seconds"))
 

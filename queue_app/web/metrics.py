@@ -3,7 +3,7 @@
 No counter lives in a process: a custom collector reads the database when Prometheus
 scrapes, so every web process answers the same numbers and nothing is written on the hot
 path. The live numbers come from the queue status selector the monitor, the API and MCP
-use (`selectors.queue_status`); attempts, queue wait and run time from the append-only
+use (`queue_status`); attempts, queue wait and run time from the append-only
 attempt log (`selectors_history`). A scrape costs a constant number of queries.
 
 Access: `Authorization: Bearer <METRICS_TOKEN>` (Prometheus' `authorization` /
@@ -23,9 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from queue_app import selectors
 from queue_app.models import Heartbeat
 from queue_app.selectors import history as selectors_history
+from queue_app.selectors.queue import COUNT_KEYS, queue_status
 
 # The whole installation, as staff see it (the selectors only read `is_staff`).
 EVERYONE = SimpleNamespace(is_staff=True, pk=None, is_authenticated=True)
@@ -49,7 +49,7 @@ class QueueCollector(Collector):
 
     def collect(self):
         now = self.now or timezone.now()
-        status = selectors.queue_status(user=EVERYONE, breakdown="providers", now=now)
+        status = queue_status(user=EVERYONE, breakdown="providers", now=now)
         alerts = selectors_history.provider_alerts(status, now=now)
         labels = ["provider_id", "provider", "family"]
         gauges = {
@@ -98,7 +98,7 @@ class QueueCollector(Collector):
         yield from (oldest, paused, cooling, behind, cycle, budget, alert)
 
         totals = GaugeMetricFamily("rsq_jobs", "Jobs in the queue by derived state (whole installation)", labels=["state"])
-        for key in selectors.COUNT_KEYS:
+        for key in COUNT_KEYS:
             totals.add_metric([key], status["totals"][key])
         yield totals
 

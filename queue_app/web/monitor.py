@@ -1,6 +1,6 @@
 """The Queue Monitor (/queue/): totals, providers, projects and the job list.
 
-Reads go through the one selector (selectors.queue_status + selectors.jobs_page): a constant
+Reads go through the one selector (queue_status + jobs_page): a constant
 number of queries whatever the number of jobs, and the job list is paginated. The page
 refreshes its live part by polling `?fragment=1` every few seconds while the tab is
 visible. Actions are POSTs with CSRF that call the same services as the API and admin
@@ -21,9 +21,16 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from queue_app import limits, selectors, services
+from queue_app import limits
 from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
+from queue_app.selectors.jobs import attention_jobs
+from queue_app.selectors.projects import project_choices
+from queue_app.selectors.queue import COUNT_KEYS, jobs_page, queue_status
+from queue_app.selectors.visibility import visible_providers
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import failed_jobs_clear, failed_jobs_retry, failed_scope
+from queue_app.services.providers import provider_clear_cooldown, provider_set_concurrency, provider_set_paused
 from queue_app.web import history
 
 log = logging.getLogger(__name__)
@@ -95,7 +102,7 @@ def known_total(summary: dict, filters: dict) -> int | None:
     if filters["model"] or filters["error"] or filters.get("search") or (filters["provider_id"] and filters["project_id"]):
         return None
     keys = ("pending", "processing", "failed") if state == "active" else (state,)
-    if not all(key in selectors.COUNT_KEYS for key in keys):
+    if not all(key in COUNT_KEYS for key in keys):
         return None
     if filters["provider_id"]:
         # a provider row counts processing jobs by the slot they hold and pending ones by
@@ -111,12 +118,12 @@ def known_total(summary: dict, filters: dict) -> int | None:
 def monitor_context(request) -> dict:
     now = timezone.now()
     user = request.user
-    providers = selectors.visible_providers(user)
+    providers = visible_providers(user)
     live = heartbeats.liveness(now=now)
-    summary = selectors.queue_status(user=user, breakdown="all", now=now, providers=providers, live=live)
+    summary = queue_status(user=user, breakdown="all", now=now, providers=providers, live=live)
     filters = filters_from(request.GET)
     page = _int_or_none(request.GET.get("page")) or 1
-    jobs = selectors.jobs_page(
+    jobs = jobs_page(
         user=user,
         page=page,
         per_page=PER_PAGE,
@@ -149,11 +156,11 @@ def monitor_context(request) -> dict:
         "jobs": jobs,
         "filters": filters,
         "state_choices": STATE_CHOICES,
-        "project_choices": selectors.project_choices(request.user, selected=filters["project_id"]),
+        "project_choices": project_choices(request.user, selected=filters["project_id"]),
         "query": urlencode(query),
         "here": request.get_full_path().replace("fragment=1", "").rstrip("?&") or "/queue/",
         "refresh_seconds": REFRESH_SECONDS,
-        "attention": selectors.attention_jobs(user),
+        "attention": attention_jobs(user),
         "now": now,
         "concurrency_limit": limits.CONCURRENCY,
         # every form's CSRF field, built once: {% csrf_token %} formats it anew for each
@@ -195,23 +202,23 @@ def provider_action(request, provider_id, action):
         raise Http404("provider not found")
     try:
         if action == "pause":
-            provider = services.provider_set_paused(user=request.user, provider_id=provider_id, paused=True)
+            provider = provider_set_paused(user=request.user, provider_id=provider_id, paused=True)
             messages.success(request, f"{provider.name} paused: no new jobs are dispatched to it")
         elif action == "resume":
-            provider = services.provider_set_paused(user=request.user, provider_id=provider_id, paused=False)
+            provider = provider_set_paused(user=request.user, provider_id=provider_id, paused=False)
             messages.success(request, f"{provider.name} resumed")
         elif action == "concurrency":
             value = _int_or_none(request.POST.get("concurrency"))
-            provider = services.provider_set_concurrency(
+            provider = provider_set_concurrency(
                 user=request.user, provider_id=provider_id, concurrency=value if value is not None else -1
             )
             messages.success(request, f"{provider.name}: concurrency {provider.concurrency}")
         elif action == "clear-cooldown":
-            provider = services.provider_clear_cooldown(user=request.user, provider_id=provider_id)
+            provider = provider_clear_cooldown(user=request.user, provider_id=provider_id)
             messages.success(request, f"{provider.name}: cool-down cleared")
         else:
             messages.error(request, "unknown action")
-    except services.ServiceError as refusal:
+    except ServiceError as refusal:
         if refusal.code == 404:
             raise Http404(refusal.message) from None
         messages.error(request, refusal.message)
@@ -224,12 +231,12 @@ def scope_of(request) -> dict:
     if scope == "project":
         project_id = _int_or_none(request.POST.get("project"))
         if project_id is None:
-            raise services.ServiceError("choose a project")
+            raise ServiceError("choose a project")
         return {"project_id": project_id, "provider_id": None}
     if scope == "provider":
         provider_id = _int_or_none(request.POST.get("provider"))
         if provider_id is None:
-            raise services.ServiceError("choose a provider")
+            raise ServiceError("choose a provider")
         return {"project_id": None, "provider_id": provider_id}
     return {"project_id": None, "provider_id": None}
 
@@ -255,7 +262,7 @@ def failed_action(request, action):
         return back(request)
     try:
         scope = scope_of(request)
-        count = services.failed_scope(user=request.user, **scope).count()
+        count = failed_scope(user=request.user, **scope).count()
         label = scope_label(request.user, scope)
         if request.POST.get("confirm") != "1":
             return render(
@@ -272,13 +279,13 @@ def failed_action(request, action):
                 },
             )
         if action == "clear":
-            done = services.failed_jobs_clear(user=request.user, **scope)["cleared"]
+            done = failed_jobs_clear(user=request.user, **scope)["cleared"]
             messages.success(request, f"{done} failed job(s) cleared in {label}")
         else:
-            done = services.failed_jobs_retry(user=request.user, **scope)["retried"]
+            done = failed_jobs_retry(user=request.user, **scope)["retried"]
             messages.success(request, f"{done} failed job(s) retried in {label}")
         log.info("monitor: %s failed by %s (user %s): %d job(s), %s", action, request.user.username, request.user.pk, done, label)
-    except services.ServiceError as refusal:
+    except ServiceError as refusal:
         if refusal.code == 404:
             raise Http404(refusal.message) from None
         messages.error(request, refusal.message)

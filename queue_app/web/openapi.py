@@ -1,5 +1,5 @@
 """The OpenAPI 3.1 document of the JSON API, at /api/openapi.json, generated from the
-operation schemas in `queue_app.schemas` (the same models the views validate with), so
+operation schemas in `queue_app.web.schemas` (the same models the views validate with), so
 the document cannot drift from the handlers. Routes other modules add are listed where
 they declare themselves; this lists the queue, draft, start, retry and provider routes."""
 
@@ -7,8 +7,8 @@ from django.http import JsonResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from queue_app import agent_schemas as A
-from queue_app import schemas as S
+from queue_app.web import agent_schemas as A
+from queue_app.web import schemas as S
 
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 ANY_OBJECT = {"type": "object"}

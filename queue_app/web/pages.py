@@ -9,9 +9,15 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, services
 from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Kind, Project, Status
+from queue_app.selectors.jobs import album_counts
+from queue_app.selectors.projects import storage_summary
+from queue_app.selectors.queue import job_row, runner_health
+from queue_app.selectors.visibility import visible_providers, visible_to
+from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_retry, jobs_start
 from queue_app.web import album_files, tokens
 
 SECTION_LIMIT = 200
@@ -23,7 +29,7 @@ def own(model, user, **lookup):
     """An object the user owns, or 404 — staff see everyone's."""
     if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
         raise Http404("not found")  # an id no database column can hold
-    return get_object_or_404(selectors.visible_to(user, model), **lookup)
+    return get_object_or_404(visible_to(user, model), **lookup)
 
 
 # --- Project page -----------------------------------------------------------------------
@@ -46,7 +52,7 @@ def project_context(request, project: Project) -> dict:
     # sections are read is replayed rather than lost between the reads.
     last_seq = events.last_seq(project.id)
     now = timezone.now()
-    providers = selectors.visible_providers(request.user)
+    providers = visible_providers(request.user)
     live = heartbeats.liveness(now=now)
     counts = dict(project.jobs.values_list("status").annotate(n=Count("id")).order_by())
     order = Case(
@@ -61,17 +67,17 @@ def project_context(request, project: Project) -> dict:
         .annotate(order=order)
         .order_by("order", "queued_at", "created_at", "id")[:SECTION_LIMIT]
     )
-    health = selectors.runner_health([project.id]) if project.kind == Kind.COMFYUI else {}
-    queue = [selectors.job_row(job, providers=providers, live=live, now=now, health=health) for job in queue_jobs]
+    health = runner_health([project.id]) if project.kind == Kind.COMFYUI else {}
+    queue = [job_row(job, providers=providers, live=live, now=now, health=health) for job in queue_jobs]
     groups, album_total = album_groups(project)
     from queue_app.web import drafts  # the drafts section: its list page and the add form's fields
 
-    storage = selectors.storage_summary(project.owner, project=project)
+    storage = storage_summary(project.owner, project=project)
     return {
         "storage": storage,
         # the quantity field offers no more than a start could take now (drafts cost nothing,
         # but a batch that can never start is a trap)
-        "quantity_max": max(1, min(services.MAX_DRAFTS_PER_REQUEST, storage["fits_now"])),
+        "quantity_max": max(1, min(MAX_DRAFTS_PER_REQUEST, storage["fits_now"])),
         "project": project,
         "counts": counts,
         **drafts.drafts_context(request, project),
@@ -81,7 +87,7 @@ def project_context(request, project: Project) -> dict:
         "failed_total": counts.get(Status.FAILED, 0),
         "album": groups,
         "album_total": album_total,
-        "album_counts": selectors.album_counts(project),
+        "album_counts": album_counts(project),
         "last_seq": last_seq,
         "section_limit": SECTION_LIMIT,
         "comfy": project.kind == Kind.COMFYUI,
@@ -115,13 +121,13 @@ def project_start(request, project_id):
     ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
     try:
         if request.POST.get("all") == "1":
-            result = services.jobs_start(user=project.owner, project=project, all_drafts=True)
+            result = jobs_start(user=project.owner, project=project, all_drafts=True)
         elif ids:
-            result = services.jobs_start(user=project.owner, project=project, job_ids=ids)
+            result = jobs_start(user=project.owner, project=project, job_ids=ids)
         else:
-            raise services.ServiceError("select jobs first")
+            raise ServiceError("select jobs first")
         messages.success(request, f"{len(result['started'])} job(s) started")
-    except services.ServiceError as error:
+    except ServiceError as error:
         messages.error(request, error.message)
     return _back_to(project, request)
 
@@ -134,7 +140,7 @@ def act_on_selected(request, project: Project, ids: list, *, act, none: str, don
         return _back_to(project, request)
     try:
         messages.success(request, done.format(act(ids)))
-    except services.ServiceError as error:
+    except ServiceError as error:
         messages.error(request, error.message)
     return _back_to(project, request)
 
@@ -146,7 +152,7 @@ def project_retry(request, project_id):
 
     def retry(ids) -> int:
         ids = list(project.jobs.filter(id__in=ids).values_list("id", flat=True))
-        return len(services.jobs_retry(user=project.owner, job_ids=ids)["retried"])
+        return len(jobs_retry(user=project.owner, job_ids=ids)["retried"])
 
     ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
     return act_on_selected(request, project, ids, act=retry, none="select failed jobs first", done="{} job(s) retried")
@@ -192,7 +198,7 @@ def account_context(request, **extra) -> dict:
     return {
         "tokens": ApiToken.objects.filter(owner=request.user),
         "new_token": None,
-        "storage": selectors.storage_summary(request.user),
+        "storage": storage_summary(request.user),
         **extra,
     }
 
@@ -214,7 +220,7 @@ def account(request):
 def account_token_create(request):
     try:
         token, raw = tokens.token_create(user=request.user, name=request.POST.get("name", ""))
-    except services.ServiceError as error:
+    except ServiceError as error:
         messages.error(request, error.message)
         return redirect("account")
     # POST-redirect-GET: the database keeps a hash; the session carries the token to the

@@ -8,9 +8,13 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, services
 from queue_app.models import Kind, Project, Provider
 from queue_app.providers.catalogue import CATALOGUE
+from queue_app.selectors.projects import own_projects, project_footprint, storage_summary
+from queue_app.services import projects as project_writes
+from queue_app.services.drafts import MAX_PROMPT_CHARS
+from queue_app.services.errors import ServiceError
+from queue_app.services.projects import PROJECT_TEXT_FIELDS, project_create, project_set_archived, project_update
 from queue_app.web.pages import own
 
 
@@ -26,9 +30,7 @@ class ProjectForm(forms.Form):
     background = forms.CharField(max_length=20, required=False)
     duration = forms.IntegerField(label="Duration (seconds)", min_value=1, max_value=600, required=False)
     sound = forms.ChoiceField(choices=[("", "default"), ("on", "on"), ("off", "off")], required=False)
-    system_prompt = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 2}), max_length=services.MAX_PROMPT_CHARS, required=False
-    )
+    system_prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=MAX_PROMPT_CHARS, required=False)
     temperature = forms.FloatField(min_value=0, max_value=2, required=False)
     max_tokens = forms.IntegerField(label="Max tokens", min_value=1, max_value=1_000_000, required=False)
 
@@ -54,7 +56,7 @@ def model_options(user) -> list[tuple[str, str]]:
 
 
 def initial_of(project: Project) -> dict:
-    data = {name: getattr(project, name) for name in services.PROJECT_TEXT_FIELDS}
+    data = {name: getattr(project, name) for name in PROJECT_TEXT_FIELDS}
     data.update(
         name=project.name,
         kind=project.kind,
@@ -70,12 +72,12 @@ def initial_of(project: Project) -> dict:
 def project_list(request):
     show = request.GET.get("show", "")
     archived = {"archived": True, "all": None}.get(show, False)
-    projects = selectors.own_projects(request.user, archived=archived)
+    projects = own_projects(request.user, archived=archived)
     hidden = Project.objects.filter(owner=request.user, archived=True).count() if archived is False else 0
     return render(
         request,
         "queue_app/project_list.html",
-        {"projects": projects, "show": show, "archived_hidden": hidden, "storage": selectors.storage_summary(request.user)},
+        {"projects": projects, "show": show, "archived_hidden": hidden, "storage": storage_summary(request.user)},
     )
 
 
@@ -91,13 +93,13 @@ def project_edit(request, project_id=None):
         data = {name: value for name, value in form.cleaned_data.items()}
         try:
             if project is None:
-                project = services.project_create(user=request.user, data=data)
+                project = project_create(user=request.user, data=data)
                 messages.success(request, f"project “{project.name}” created")
             else:
-                services.project_update(user=request.user, project=project, data=data)
+                project_update(user=request.user, project=project, data=data)
                 messages.success(request, "project saved")
             return redirect("project_detail", project_id=project.id)
-        except services.ServiceError as error:
+        except ServiceError as error:
             form.add_error(None, error.message)
     return render(
         request, "queue_app/project_form.html", {"form": form, "project": project, "models": model_options(request.user)}
@@ -110,9 +112,9 @@ def project_archive(request, project_id):
     project = own(Project, request.user, id=project_id)
     archived = request.POST.get("archived", "1") == "1"
     try:
-        services.project_set_archived(user=request.user, project=project, archived=archived)
+        project_set_archived(user=request.user, project=project, archived=archived)
         messages.success(request, f"project “{project.name}” {'archived' if archived else 'restored'}")
-    except services.ServiceError as error:
+    except ServiceError as error:
         messages.error(request, error.message)
     return redirect("project_list") if archived else redirect("project_detail", project_id=project.id)
 
@@ -123,12 +125,12 @@ def project_delete(request, project_id):
     project = own(Project, request.user, id=project_id)
     if request.method == "POST":
         try:
-            summary = services.project_delete(user=request.user, project=project)
+            summary = project_writes.project_delete(user=request.user, project=project)
             cancelled = summary["cancelled"]
             note = f" ({cancelled} pending or running job{'s' if cancelled != 1 else ''} cancelled first)" if cancelled else ""
             messages.success(request, f"project “{project.name}” deleted{note}")
             return redirect("project_list")
-        except services.ServiceError as error:
+        except ServiceError as error:
             messages.error(request, error.message)
-    footprint = selectors.project_footprint(project)
+    footprint = project_footprint(project)
     return render(request, "queue_app/project_delete.html", {"project": project, "footprint": footprint})

@@ -1,6 +1,6 @@
 """Provider pages: list, create / edit (every option a real field, model aliases as rows),
 delete (refused while it has work), and "Test key". Saving goes through
-`services.provider_save`, so concurrency and pause changes wake dispatch at once."""
+`provider_save`, so concurrency and pause changes wake dispatch at once."""
 
 from django import forms
 from django.contrib import messages
@@ -8,12 +8,15 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from queue_app import limits, services
-from queue_app.forms import ProviderUrlMixin
+from queue_app import limits
 from queue_app.models import Family, Provider
 from queue_app.providers import crypto, keycheck
 from queue_app.providers.catalogue import CATALOGUE
 from queue_app.providers.options import OPTIONS, clean_option, declared
+from queue_app.services import providers as provider_writes
+from queue_app.services.errors import ServiceError
+from queue_app.services.providers import provider_may_change, provider_save, provider_work
+from queue_app.web.forms import ProviderUrlMixin
 from queue_app.web.pages import own
 
 
@@ -103,10 +106,10 @@ def provider_edit(request, provider_id=None):
         data.update(options=options, model_aliases=aliases)
         if not form.errors:
             try:
-                saved = services.provider_save(user=request.user, provider=provider if provider.pk else None, data=data)
+                saved = provider_save(user=request.user, provider=provider if provider.pk else None, data=data)
                 messages.success(request, f"provider “{saved.name}” saved")
                 return redirect("provider_edit", provider_id=saved.id)
-            except services.ServiceError as error:
+            except ServiceError as error:
                 form.add_error(None, error.message)
     family_models = {family: list(models) for family, models in CATALOGUE.items()}
     return render(
@@ -119,8 +122,8 @@ def provider_edit(request, provider_id=None):
             "alias_rows": rows + [("", "")],
             "family_models": family_models,
             "families": [family for family, _ in Family.choices],
-            "may_change": not provider.pk or services.provider_may_change(request.user, provider),
-            "work": services.provider_work(provider) if provider.pk else None,
+            "may_change": not provider.pk or provider_may_change(request.user, provider),
+            "work": provider_work(provider) if provider.pk else None,
         },
     )
 
@@ -140,13 +143,13 @@ def provider_delete(request, provider_id):
     provider = own(Provider, request.user, id=provider_id)
     if request.method == "POST":
         try:
-            services.provider_delete(user=request.user, provider_id=provider.id)
+            provider_writes.provider_delete(user=request.user, provider_id=provider.id)
             messages.success(request, f"provider “{provider.name}” deleted")
             return redirect("provider_list")
-        except services.ServiceError as error:
+        except ServiceError as error:
             messages.error(request, error.message)
     return render(
         request,
         "queue_app/provider_delete.html",
-        {"provider": provider, "work": services.provider_work(provider), "projects": provider.projects.count()},
+        {"provider": provider, "work": provider_work(provider), "projects": provider.projects.count()},
     )

@@ -18,9 +18,11 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
-from queue_app import selectors, services
 from queue_app.models import Status
 from queue_app.selectors import search as selectors_search
+from queue_app.selectors.visibility import visible_jobs
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import selected_failed_clear, selected_failed_retry
 from queue_app.web.monitor import back, filters_from, safe_next
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ def cancel_jobs(*, user, job_ids) -> dict:
     monitor's row Cancel (staff cancel anyone's: each owner's jobs through services)."""
     from queue_app.web import api
 
-    visible = [str(i) for i in selectors.visible_jobs(user).filter(id__in=list(job_ids)).values_list("id", flat=True)]
+    visible = [str(i) for i in visible_jobs(user).filter(id__in=list(job_ids)).values_list("id", flat=True)]
     if not visible:
         return {"done": 0}
     return {"done": api.jobs_cancel(user, visible)["cancelled"]}
@@ -47,9 +49,9 @@ def cancel_jobs(*, user, job_ids) -> dict:
 
 def _run(action: str, *, user, job_ids) -> int:
     if action == "retry":
-        return services.selected_failed_retry(user=user, job_ids=job_ids)["retried"]
+        return selected_failed_retry(user=user, job_ids=job_ids)["retried"]
     if action == "clear":
-        return services.selected_failed_clear(user=user, job_ids=job_ids)["cleared"]
+        return selected_failed_clear(user=user, job_ids=job_ids)["cleared"]
     return cancel_jobs(user=user, job_ids=job_ids)["done"]
 
 
@@ -79,7 +81,7 @@ def bulk_action(request):
         messages.error(request, "no jobs selected")
         return back(request)
     statuses, verb = ACTIONS[action]
-    affected = selectors.visible_jobs(request.user).filter(id__in=job_ids, status__in=statuses).count()
+    affected = visible_jobs(request.user).filter(id__in=job_ids, status__in=statuses).count()
     if request.POST.get("confirm") != "1":
         return render(
             request,
@@ -98,7 +100,7 @@ def bulk_action(request):
         )
     try:
         done = _run(action, user=request.user, job_ids=job_ids)
-    except services.ServiceError as refusal:
+    except ServiceError as refusal:
         messages.error(request, refusal.message)
         return back(request)
     skipped = len(job_ids) - done

@@ -2,7 +2,7 @@ import signal
 
 from django.core.management.base import BaseCommand
 
-from queue_app.service.loop import QueueService
+from queue_app.queue_service.loop import QueueService
 
 
 class Command(BaseCommand):

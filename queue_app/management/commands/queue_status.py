@@ -3,7 +3,7 @@ import json
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from queue_app.selectors import queue_status
+from queue_app.selectors.queue import queue_status
 
 
 class _Everyone:

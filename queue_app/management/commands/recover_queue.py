@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from queue_app.service import recovery
+from queue_app.queue_service import recovery
 
 
 class Command(BaseCommand):

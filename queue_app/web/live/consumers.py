@@ -23,9 +23,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from queue_app import selectors
 from queue_app.engine import events
 from queue_app.models import Project, ProjectEvent
+from queue_app.selectors.visibility import visible_to
 from queue_app.web.live import relay
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _no_constant(name):
 def can_subscribe(user, project_id: int) -> bool:
     if not user or not user.is_authenticated:
         return False
-    return selectors.visible_to(user, Project).filter(id=project_id).exists()
+    return visible_to(user, Project).filter(id=project_id).exists()
 
 
 def missed_events(project_id: int, after: int, upto: int) -> list[dict] | None:

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from queue_app import providers
-from queue_app.engine import runners
+from queue_app.engine import runner_registry
 from queue_app.engine.clock import db_now
 from queue_app.engine.provider_state import pause_for_account
 from queue_app.engine.snapshot import resolved_job
@@ -44,7 +44,7 @@ def due_jobs(now):
     return (
         Job.objects.filter(status=Status.PROCESSING, next_poll_at__lte=now)
         .exclude(task_id="")
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .filter(Q(poll_claimed_until__isnull=True) | Q(poll_claimed_until__lt=now))
         # a collector at work holds a live lease: leave the job to it
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))

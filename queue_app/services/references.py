@@ -1,11 +1,11 @@
-"""Reference images of drafts: what a draft may name, and how an adapter gets the bytes.
+"""What a draft may name as a reference, checked once for the pages and the API.
 
 A draft's `references` is a list of strings, each one of
 - "ref:<sha256>"  an image its owner uploaded (a `Reference` row: one file per content);
 - "album:<id>"    an image of its owner's album;
 - an http(s) URL  fetched by the provider (or through the guarded client) when it runs.
 A `data:` URI sent to the API is decoded, checked and stored like an upload, and the draft
-keeps "ref:<sha256>": the page and the API share one validation (`normalize`).
+keeps "ref:<sha256>" (`normalize`).
 
 The type of an uploaded image is read from its bytes (Pillow, as album files are), never
 from the file name or the browser's claim; only PNG, JPEG, WebP and GIF are kept.
@@ -14,15 +14,13 @@ from the file name or the browser's claim; only PNG, JPEG, WebP and GIF are kept
 import base64
 import binascii
 import io
-import logging
 import re
 
 from PIL import Image
 
 from queue_app import limits
 from queue_app.engine import media
-
-log = logging.getLogger(__name__)
+from queue_app.models import AlbumItem, Reference
 
 # The limits live in queue_app/limits.py with every other bound.
 MAX_REFERENCES = limits.REFERENCES
@@ -80,8 +78,6 @@ def normalize(user, values, *, store) -> list[str]:
     Raises BadReference naming the first bad entry; nothing is stored for a refused list
     unless it was itself valid (storing is idempotent by content).
     """
-    from queue_app.models import AlbumItem, Reference
-
     if values in (None, ""):
         return []
     if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
@@ -113,58 +109,3 @@ def normalize(user, values, *, store) -> list[str]:
             raise BadReference(f"{label} must be ref:<sha256>, album:<id>, a data: URI or an http(s) URL")
         kept.append(value)
     return kept
-
-
-def load(value: str, owner_id: int) -> tuple[bytes, str] | None:
-    """(bytes, content type) of a local reference (ref: or album:) of `owner_id`; None for
-    anything else or a reference whose file is gone."""
-    from queue_app.models import AlbumItem, Reference
-
-    if value.startswith("ref:"):
-        row = Reference.objects.filter(owner_id=owner_id, sha256=value[4:]).first()
-        field, content_type = (row.file, row.content_type) if row else (None, "")
-    elif value.startswith("album:") and value[6:].isdigit():
-        item = AlbumItem.objects.filter(id=int(value[6:]), owner_id=owner_id).first()
-        field, content_type = (item.file, item.content_type) if item else (None, "")
-    else:
-        return None
-    if not field:
-        return None
-    try:
-        with field.open("rb") as handle:
-            return handle.read(), content_type
-    except OSError:
-        log.warning("reference file of %s is missing", value[:20])
-        return None
-
-
-def for_provider(values, owner_id: int) -> list[str]:
-    """A draft's references as a provider takes them: local images as data: URIs (every
-    adapter accepts those: OpenAI and Gemini decode them, Replicate, RunningHub and
-    Civitai take them in place of a URL); URLs unchanged. A local reference whose file is
-    gone stays as it is, and the adapter refuses it as an unusable reference."""
-    resolved = []
-    for value in values or []:
-        found = load(value, owner_id)
-        if found is None:
-            resolved.append(value)
-        else:
-            data, content_type = found
-            resolved.append(f"data:{content_type};base64,{base64.b64encode(data).decode()}")
-    return resolved
-
-
-def thumbnails(values) -> list[dict]:
-    """What a draft row shows for each reference: a local image's thumbnail address, or a
-    URL's host."""
-    from django.urls import reverse
-
-    shown = []
-    for value in values or []:
-        if value.startswith("ref:"):
-            shown.append({"src": reverse("reference_file", args=[value[4:]]), "title": "uploaded image"})
-        elif value.startswith("album:") and value[6:].isdigit():
-            shown.append({"src": reverse("album_file", args=[int(value[6:])]), "title": "album image"})
-        else:
-            shown.append({"src": "", "title": value[:80]})
-    return shown

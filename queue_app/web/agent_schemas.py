@@ -1,13 +1,14 @@
 """The MCP tools' own schemas: lists, lookups and the results agents read, beside the
-operation schemas they share with the JSON API (`queue_app.schemas`). Bounds come from
+operation schemas they share with the JSON API (`queue_app.web.schemas`). Bounds come from
 `queue_app.limits`."""
 
 from typing import Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
-from queue_app import limits, selectors
-from queue_app.schemas import (
+from queue_app import limits
+from queue_app.selectors.queue import JOB_FILTER_STATES
+from queue_app.web.schemas import (
     CancelJobs,
     Cursor,
     IdempotencyKey,
@@ -35,7 +36,7 @@ class ListArgs(Schema):
 class ListJobsArgs(ListArgs):
     project_id: ProjectId | None = Field(None, description="only this project's jobs")
     provider_id: ProviderId | None = Field(None, description="only jobs in this provider's queue")
-    status: Literal[selectors.JOB_FILTER_STATES] = Field(  # type: ignore[valid-type]
+    status: Literal[JOB_FILTER_STATES] = Field(  # type: ignore[valid-type]
         "active", description="active = pending, processing and failed; or one derived state, a status, or all"
     )
 

@@ -27,11 +27,11 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from queue_app.engine import dispatch, heartbeats, runners, wake_schedule
+from queue_app.engine import dispatch, heartbeats, runner_registry, wake_schedule
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
-from queue_app.service import poller, recovery
+from queue_app.queue_service import poller, recovery
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class QueueService:
 
     def step_runners(self) -> bool:
         did = False
-        for kind, runner in runners.RUNNERS.items():
+        for kind, runner in runner_registry.RUNNERS.items():
             try:
                 did = bool(runner.tick()) or did
             except Exception:

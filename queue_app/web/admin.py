@@ -4,8 +4,6 @@
 from django import forms
 from django.contrib import admin, messages
 
-from queue_app import services
-from queue_app.forms import ProviderUrlMixin
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
@@ -23,6 +21,10 @@ from queue_app.models import (
     Status,
 )
 from queue_app.providers import crypto
+from queue_app.services.errors import ServiceError
+from queue_app.services.jobs import jobs_start
+from queue_app.services.providers import concurrency_checked, provider_set_concurrency, provider_set_paused
+from queue_app.web.forms import ProviderUrlMixin
 
 admin.site.site_header = "Remix Studio Queue"
 admin.site.index_template = "admin/queue_index.html"
@@ -58,8 +60,8 @@ class ProviderForm(ProviderUrlMixin, forms.ModelForm):
 
     def clean_concurrency(self):
         try:
-            return services.concurrency_checked(self.cleaned_data.get("concurrency"))
-        except services.ServiceError as error:
+            return concurrency_checked(self.cleaned_data.get("concurrency"))
+        except ServiceError as error:
             raise forms.ValidationError(error.message) from None
 
     def save(self, commit=True):
@@ -89,12 +91,12 @@ class ProviderAdmin(admin.ModelAdmin):
     @admin.action(description="Pause selected providers")
     def pause(self, request, queryset):
         for provider in queryset:
-            services.provider_set_paused(user=request.user, provider_id=provider.id, paused=True)
+            provider_set_paused(user=request.user, provider_id=provider.id, paused=True)
 
     @admin.action(description="Resume selected providers")
     def resume(self, request, queryset):
         for provider in queryset:
-            services.provider_set_paused(user=request.user, provider_id=provider.id, paused=False)
+            provider_set_paused(user=request.user, provider_id=provider.id, paused=False)
 
     def save_model(self, request, obj, form, change):
         # Concurrency and pause go through their services so raising the one or resuming
@@ -107,9 +109,9 @@ class ProviderAdmin(admin.ModelAdmin):
                 setattr(obj, name, getattr(stored, name))
         super().save_model(request, obj, form, change)
         if "concurrency" in wanted:
-            services.provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=wanted["concurrency"])
+            provider_set_concurrency(user=request.user, provider_id=obj.pk, concurrency=wanted["concurrency"])
         if "paused" in wanted:
-            services.provider_set_paused(user=request.user, provider_id=obj.pk, paused=wanted["paused"])
+            provider_set_paused(user=request.user, provider_id=obj.pk, paused=wanted["paused"])
         for name, value in wanted.items():
             setattr(obj, name, value)
 
@@ -172,8 +174,8 @@ class JobAdmin(admin.ModelAdmin):
         started = 0
         for job in queryset.filter(status__in=(Status.DRAFT, Status.FAILED)).select_related("project", "owner"):
             try:
-                started += len(services.jobs_start(user=job.owner, project=job.project, job_ids=[job.id])["started"])
-            except services.ServiceError as error:
+                started += len(jobs_start(user=job.owner, project=job.project, job_ids=[job.id])["started"])
+            except ServiceError as error:
                 self.message_user(request, f"{job.id}: {error.message}", messages.ERROR)
         self.message_user(request, f"{started} job(s) started")
 

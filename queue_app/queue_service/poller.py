@@ -57,7 +57,7 @@ from queue_app.engine.snapshot import resolved_job
 from queue_app.models import Job, Provider
 from queue_app.providers import adapter_for, budget, poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
-from queue_app.service import poll_batch
+from queue_app.queue_service import poll_batch
 
 log = logging.getLogger(__name__)
 

@@ -2,17 +2,18 @@
 
 from django import forms
 
-from queue_app import services
+from queue_app.services.errors import ServiceError
+from queue_app.services.providers import base_url_checked
 
 
 class ProviderUrlMixin:
-    """A provider form's base URL: checked by `services.base_url_checked` (the outbound
+    """A provider form's base URL: checked by `base_url_checked` (the outbound
     guard), and on a provider that exists, changed only together with its key."""
 
     def clean_base_url(self):
         try:
-            return services.base_url_checked(self.cleaned_data.get("base_url"))
-        except services.ServiceError as error:
+            return base_url_checked(self.cleaned_data.get("base_url"))
+        except ServiceError as error:
             raise forms.ValidationError(error.message) from None
 
     def clean(self):

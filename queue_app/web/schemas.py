@@ -15,13 +15,15 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from queue_app import limits, selectors, services
+from queue_app import limits
 from queue_app.providers.catalogue import CATALOGUE
+from queue_app.selectors.queue import JOB_FILTER_STATES, MAX_PER_PAGE
+from queue_app.services.errors import ServiceError
 
 MAX_ID = 2**62
 
 
-class SchemaError(services.ServiceError):
+class SchemaError(ServiceError):
     """A request that does not fit its operation's schema: 400 with a readable message."""
 
     def __init__(self, message: str, code: int = 400, details: list | None = None):
@@ -306,9 +308,9 @@ class ProviderRow(Output):
 
 
 class ProjectJobsQuery(Query):
-    status: Literal[selectors.JOB_FILTER_STATES] = Field("all", description="which jobs")  # type: ignore[valid-type]
+    status: Literal[JOB_FILTER_STATES] = Field("all", description="which jobs")  # type: ignore[valid-type]
     page: int = Field(1, ge=1, le=10**9)
-    per_page: int = Field(50, ge=1, le=selectors.MAX_PER_PAGE)
+    per_page: int = Field(50, ge=1, le=MAX_PER_PAGE)
     attempts: bool = Field(False, description="include each job's attempt log")
 
 

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from queue_app.engine import ambiguous, backoff, dispatch, heartbeats, runners, transitions
+from queue_app.engine import ambiguous, backoff, dispatch, heartbeats, runner_registry, transitions
 from queue_app.engine.attempts import Outcome, attempts_interrupt
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, Job, JobAttempt, Status
@@ -118,7 +118,7 @@ def release_dead_clusters_handoffs() -> int:
     dead = heartbeats.dead_clusters()
     if not dead:
         return 0
-    untaken = Job.objects.filter(status=Status.PROCESSING, lease_owner="").exclude(project__kind__in=runners.kinds())
+    untaken = Job.objects.filter(status=Status.PROCESSING, lease_owner="").exclude(project__kind__in=runner_registry.kinds())
     claims = untaken.filter(task_id="", lease_expires_at__gt=Now()).update(lease_expires_at=Now() - timedelta(seconds=1))
     collections = (
         untaken.exclude(task_id="")
@@ -150,7 +150,7 @@ def _stalled():
     """Running jobs without a task id (not a runner's), as the rows heal_stalled takes."""
     return (
         Job.objects.filter(status=Status.PROCESSING, task_id="")
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .values_list(
             "id",
             "lease_owner",
@@ -169,7 +169,7 @@ def dead_owners(now) -> list[str]:
     owners = (
         Job.objects.filter(status=Status.PROCESSING, lease_expires_at__gte=now)
         .exclude(lease_owner="")
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .values_list("lease_owner", flat=True)
         .distinct()
     )
@@ -198,7 +198,7 @@ def _back_to_poller(lease_gone: Q) -> int:
     transaction: the rows still matching are locked, then updated and their attempts closed,
     so a worker that renewed meanwhile keeps its lease and its attempt."""
     gone = Q(status=Status.PROCESSING) & ~Q(task_id="") & lease_gone
-    jobs = Job.objects.filter(gone).exclude(project__kind__in=runners.kinds())
+    jobs = Job.objects.filter(gone).exclude(project__kind__in=runner_registry.kinds())
     moved_in_all = 0
     for rows in _batches(jobs.values_list("id")):
         with transaction.atomic():
@@ -228,7 +228,7 @@ def _recover() -> dict:
     detached = (
         Job.objects.filter(status=Status.PROCESSING)
         .exclude(task_id="")
-        .exclude(project__kind__in=runners.kinds())
+        .exclude(project__kind__in=runner_registry.kinds())
         .values_list("id")
     )
     for rows in _batches(detached):
@@ -238,7 +238,7 @@ def _recover() -> dict:
             .exclude(task_id="")
             .update(next_poll_at=now, poll_claimed_until=None, task_observed_at=now)
         )
-    for kind, runner in runners.RUNNERS.items():
+    for kind, runner in runner_registry.RUNNERS.items():
         try:
             counts["runner_adopted"] += runner.recover() or 0
         except Exception:

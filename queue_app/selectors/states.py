@@ -21,7 +21,7 @@ Reads only: callers are the selectors package (the one read home) and nothing el
 from django.db.models import Case, CharField, Q, Value, When
 from django.db.models.functions import Coalesce
 
-from queue_app.engine import runners
+from queue_app.engine import runner_registry
 from queue_app.models import ErrorClass, Status
 
 # --- Which provider's queue a job is in --------------------------------------------------
@@ -104,7 +104,7 @@ STALLED_REASON = "lease expired; the next heal returns it to pending"
 
 def waits_sql(*, providers: dict, live: dict, now) -> Q:
     """A pending job nothing will dispatch now; needs the `eff_provider` annotation."""
-    runner_kinds = list(runners.RUNNERS)
+    runner_kinds = list(runner_registry.RUNNERS)
     blocked = [pid for pid, p in providers.items() if p["paused"] or (p["cooldown_until"] and p["cooldown_until"] > now)]
     if live["workers"]:
         provider_waits = (
@@ -121,7 +121,7 @@ def waits_sql(*, providers: dict, live: dict, now) -> Q:
 
 def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dict, now, backoff_until=None) -> str:
     """Why a pending job would not be dispatched right now ('' when it is Queued)."""
-    if kind in runners.RUNNERS:
+    if kind in runner_registry.RUNNERS:
         return "" if live["queue_services"] else "no live queue service"
     if provider is None:
         return "no provider"
