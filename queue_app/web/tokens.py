@@ -28,7 +28,7 @@ def token_hash(raw: str) -> str:
 
 def token_create(*, user, name: str) -> tuple[ApiToken, str]:
     """A new token; the raw value is returned once and never stored."""
-    from queue_app.services import ServiceError
+    from queue_app.services.errors import ServiceError
 
     name = (name or "").strip()[:100] or "token"
     if ApiToken.objects.filter(owner=user).count() >= MAX_TOKENS_PER_USER:
