@@ -285,7 +285,7 @@ def test_snapshot_resolves_the_effective_provider_and_closest_shape(owner, inlin
 
 
 def test_an_account_problem_pauses_the_provider_and_keeps_the_jobs_queued(owner, inline_tasks):
-    from queue_app.selectors import queue_status
+    from queue_app.selectors.queue import queue_status
 
     provider = make_provider(owner, concurrency=2, fail_rate=1, fail_kind="account")
     project = make_project(owner, provider)
