@@ -33,7 +33,6 @@ import time
 from collections import Counter
 
 from bench import runner
-from queue_app.services.jobs import jobs_start
 
 ROOT = runner.ROOT
 PROMPT = "chaos-job-{n} a lighthouse at dusk, oil on canvas"
@@ -218,6 +217,7 @@ class Chaos:
     # --- the run -------------------------------------------------------------------
 
     def start_jobs(self):
+        from queue_app.services.jobs import jobs_start
 
         for _, project, _ in self.providers:
             jobs_start(user=self.user, project=project, all_drafts=True)

@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 
 from bench import runner
-from queue_app.services.jobs import jobs_start
 
 ROOT = runner.ROOT
 LABEL = "pg+redis"
@@ -388,6 +387,7 @@ class Run:
         from django.db import close_old_connections
 
         from queue_app.models import Job
+        from queue_app.services.jobs import jobs_start
 
         plan = self.schedule()
         self.started = time.time()

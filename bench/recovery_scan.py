@@ -28,7 +28,6 @@ import uuid
 from datetime import timedelta
 
 from bench import runner
-from queue_app.selectors.queue import queue_status
 
 ROOT = runner.ROOT
 LABEL = ""
@@ -296,6 +295,7 @@ def main(argv=None) -> int:
         pool.wait()
         pool.close()
         queries = counter.count
+        from queue_app.selectors.queue import queue_status
         from queue_app.web.metrics import EVERYONE
 
         status = queue_status(user=EVERYONE, breakdown="providers")

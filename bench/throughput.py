@@ -22,7 +22,6 @@ import sys
 import time
 
 from bench import runner
-from queue_app.services.jobs import jobs_start
 
 ROOT = runner.ROOT
 LABEL = ""
@@ -115,6 +114,7 @@ def main(argv=None) -> int:
 
     from queue_app.models import AccountSettings, Job, Project, Provider, Status
     from queue_app.providers import demo
+    from queue_app.services.jobs import jobs_start
 
     user = get_user_model().objects.create_user(username="bench", password="bench-pw-unused")
     AccountSettings.objects.create(user=user, storage_limit_bytes=100 * 1024**3)
