@@ -1,25 +1,19 @@
-"""Proof under fire, part two, scenarios 4–7: the infrastructure fails under a running queue.
+"""Scenarios 4–7: the infrastructure fails under a running queue.
 
     python -m bench.chaos_faults [--scenario N] [--seed S] [--runs R] [--ci]
 
 4. PostgreSQL restarts mid-run: every process reconnects on its own, none exits.
-5. Redis restarts without persistence mid-run: the broker's queued tasks are gone; the
-   jobs behind them are reclaimed (claim leases, healing) and complete; live events resume.
-6. The media disk fills up (a small tmpfs at MEDIA_ROOT, filled with a file): no partial
-   album item, no half-written file; the jobs wait with the reason and complete once the
-   filler is deleted.
-7. One host's clock runs 60 s ahead (bench/skewclock.py: one qcluster and the queue
-   service): no early heal, no lease or claim stolen — leases are measured on the
-   database's clock.
+5. Redis restarts without persistence: the broker's queued tasks are gone; their jobs are
+   reclaimed and complete; live events resume.
+6. The media disk fills up: no partial album item, no half-written file; the jobs wait
+   with the reason and complete once the filler is deleted.
+7. One host's clock runs 60 s ahead (bench/skewclock.py): no early heal, no lease or claim
+   stolen.
 
-Each run is bench/chaos.py's soak (its fake provider with injected faults, its books:
-jobs lost, duplicate album items, concurrency violations from exact intervals, leaked
-slots, extra paid submissions with their cause) with one infrastructure fault instead of
-the kills, plus the scenario's own books and "fault → every affected job dispatchable or
-running again" (p100). Everything runs against PRIVATE PostgreSQL and Redis instances this
-script starts on free ports in a temporary directory (never the shared servers) and tears
-down at the end, also on failure. Needs root (tmpfs, runuser), Debian's postgresql-15 and
-redis-server (installed with apt-get when missing) and a C compiler (the clock shim).
+Each is bench/chaos.py's soak with one fault instead of the kills, its books plus the
+scenario's (bench/fault_books.py), on private PostgreSQL and Redis servers
+(bench/fault_infra.py), never the shared ones. Needs root, postgresql-15, redis-server and
+a C compiler. More in docs/benchmarks.md.
 """
 
 import argparse
@@ -28,24 +22,20 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from bench import chaos as soak
 from bench import runner, skewclock
+from bench.fault_books import DISK_FULL_WORDS, FaultBooks
+from bench.fault_infra import PrivateInfra, ensure_tools
 
 ROOT = runner.ROOT
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 VAR = ROOT / "var" / "chaos-faults"
-DISK_FULL_WORDS = "media disk is full"
 CLOCK_AHEAD_SECONDS = 60
 SCENARIOS = (4, 5, 6, 7)
-line = soak.line
 
 
 def clock_ahead_env() -> dict:
@@ -54,95 +44,7 @@ def clock_ahead_env() -> dict:
     return skewclock.env(skewclock.build(ROOT / "var" / "skewclock"), CLOCK_AHEAD_SECONDS)
 
 
-def free_port(start: int) -> int:
-    for port in range(start, start + 200):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no free port from {start}")
-
-
-def ensure_tools() -> None:
-    missing = [
-        pkg for pkg, path in (("gcc", Path("/usr/bin/cc")), ("redis-server", Path("/usr/bin/redis-server"))) if not path.exists()
-    ]
-    if not (PG_BIN / "initdb").exists():
-        missing.append("postgresql-15")
-    if missing:
-        subprocess.run(
-            ["apt-get", "install", "-y", *missing], check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        )
-
-
-class PrivateInfra:
-    """A PostgreSQL cluster and a Redis server of our own, in a temporary directory."""
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="chaos-faults-"))
-        self.pg_port = free_port(55532)
-        self.redis_port = free_port(56479)
-        self.pgdata = self.dir / "pg"
-        self.pg_started = self.redis_started = False
-
-    @property
-    def database_url(self) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.pg_port}/postgres"
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
-
-    def _pg(self, *args: str, check: bool = True) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *args], check=check, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-
-    def start(self) -> None:
-        shutil.chown(self.dir, "postgres")
-        self._pg(str(PG_BIN / "initdb"), "-D", str(self.pgdata), "-A", "trust", "-U", "postgres", "--no-sync")
-        options = f"-p {self.pg_port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300"
-        self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.pgdata), "-o", options, "-l", str(self.dir / "pg.log"), "-w", "start")
-        self.pg_started = True
-        self.start_redis()
-
-    def start_redis(self) -> None:
-        subprocess.run(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-            + ["--daemonize", "yes", "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")],
-            check=True,
-        )
-        self.redis_started = True
-        runner.wait_for(self._redis_up, timeout=10, message="the private Redis to answer")
-
-    def _redis_up(self) -> bool:
-        return (
-            subprocess.run(["redis-cli", "-p", str(self.redis_port), "ping"], capture_output=True, text=True).stdout.strip()
-            == "PONG"
-        )
-
-    def restart_postgres(self) -> None:
-        self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.pgdata), "-m", "fast", "-w", "restart")
-
-    def stop_redis(self) -> None:
-        subprocess.run(["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"], capture_output=True)
-        runner.wait_for(lambda: not self._redis_up(), timeout=10, message="the private Redis to stop")
-
-    def redis_queued(self, key: str) -> int:
-        out = subprocess.run(["redis-cli", "-p", str(self.redis_port), "llen", key], capture_output=True, text=True).stdout
-        return int(out.strip() or 0)
-
-    def stop(self) -> None:
-        if self.redis_started:
-            subprocess.run(["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"], capture_output=True)
-        if self.pg_started:
-            self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.pgdata), "-m", "immediate", "-w", "stop", check=False)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class FaultRun(soak.Chaos):
+class FaultRun(FaultBooks, soak.Chaos):
     """One scenario: bench/chaos.py's run and books, one fault instead of the kills."""
 
     FAULT_AT = 0.3  # progress (finished jobs / all) at which the fault hits
@@ -361,110 +263,12 @@ class FaultRun(soak.Chaos):
         # ahead); what is measured is that nothing is taken early.
         self.events.append(f"{self.stamp()} worker-b and the queue service run {CLOCK_AHEAD_SECONDS} s ahead (skewclock)")
 
-    # --- the books -----------------------------------------------------------------
-
-    def resubmission_cause(self, outcome: str, reason: str) -> bool:
-        # A synchronous provider's result that found the disk full is paid for again.
-        return super().resubmission_cause(outcome, reason) or (outcome == "local" and DISK_FULL_WORDS in reason)
+    # --- the end (what the books read of it) ----------------------------------------
 
     def stop(self):
         self.exited = {name: not proc.alive() for name, proc in self.procs.items()}
         self.exited_pids = {name: proc.pid != self.main_pids[name] for name, proc in self.procs.items()}
         super().stop()
-
-    def report(self):
-        from django.db import close_old_connections
-
-        close_old_connections()
-        print(f"# scenario {self.scenario}")
-        super().report()
-        times = [t for fault in self.faults for t in fault["recovered"].values()]
-        affected = sum(len(fault["rows"]) for fault in self.faults)
-        line(
-            "fault_to_dispatchable_p100",
-            f"{max(times, default=0):.2f}",
-            "s",
-            f"{affected} affected job(s): every one healed, re-claimed, renewed, polled or finished again",
-        )
-        unrecovered = affected - len(times)
-        self.check("fault recovered", unrecovered == 0, f"{unrecovered} affected job(s) never touched again")
-        exited = sorted(name for name, gone in self.exited.items() if gone)
-        line("processes_exited", len(exited), "", f"must be 0 {exited}")
-        self.check("no process exits", not exited, f"{exited}")
-        getattr(self, f"books_{self.scenario}")()
-
-    def books_4(self):
-        pass
-
-    def books_5(self):
-        fault = self.faults[0] if self.faults else {}
-        line("broker_tasks_lost", fault.get("broker_tasks_lost", 0), "tasks", "queued in Redis when it restarted")
-        live = getattr(self, "live_after_restart", {})
-        line("live_event_after_restart", f"{live.get('seconds', float('nan')):.2f}", "s", f"{live}")
-        self.check("live events resume", "seconds" in live, f"no live event after the restart: {live}")
-
-    def books_6(self):
-        from queue_app.models import AlbumItem, Job, JobAttempt
-
-        media = self.var / "media"
-        hit = JobAttempt.objects.filter(job__owner=self.user, reason__contains=DISK_FULL_WORDS)
-        failed_full = Job.objects.filter(owner=self.user, status="failed", error__contains=DISK_FULL_WORDS).count()
-        line("disk_full_attempts", hit.count(), "attempts", f"{hit.values('job_id').distinct().count()} jobs waited")
-        line("failed_disk_full", failed_full, "jobs", "failed with the reason after their attempts (reported)")
-        parts = [p for p in (media / "tmp").rglob("*")] if (media / "tmp").exists() else []
-        line("half_written_files", len(parts), "files", "must be 0")
-        self.check("half-written files", not parts, f"{len(parts)} left in media/tmp")
-        names = set()
-        missing = 0
-        for file_name, poster in AlbumItem.objects.filter(owner=self.user).values_list("file", "poster"):
-            for name in (file_name, poster):
-                if name:
-                    names.add(name)
-                    missing += not (media / name).is_file()
-        stray = [p for p in (media / "album").rglob("*") if p.is_file() and str(p.relative_to(media)) not in names]
-        line("album_items_without_file", missing, "items", "must be 0")
-        line("files_without_album_item", len(stray), "files", "must be 0")
-        self.check("album items without file", missing == 0, f"{missing}")
-        self.check("files without album item", not stray, f"{len(stray)}")
-        self.check("the disk filled", hit.exists(), "no job met the full disk: the fault did not bite")
-
-    def books_7(self):
-        from queue_app.models import JobAttempt, ProjectEvent
-
-        interrupted = JobAttempt.objects.filter(job__owner=self.user, outcome="interrupted").count()
-        lease_lost = JobAttempt.objects.filter(job__owner=self.user, outcome="lost", reason__contains="lease lost").count()
-        healed = ProjectEvent.objects.filter(project__owner=self.user, kind="job.healed").count()
-        released = self.procs["queue"].log().count("worker cluster(s) gone")
-        line("early_heals", healed, "jobs", "must be 0: no process died, so no lease ran out")
-        line("attempts_interrupted", interrupted, "attempts", "must be 0")
-        line("leases_lost", lease_lost, "attempts", "must be 0")
-        line("live_clusters_declared_dead", released, "times", "must be 0")
-        self.check(
-            "early heals", healed + interrupted + lease_lost + released == 0, f"{healed}/{interrupted}/{lease_lost}/{released}"
-        )
-        if healed + interrupted + lease_lost:
-            self.explain_heals()
-
-    def explain_heals(self):
-        """What each healed or interrupted job went through, on the database's clock: the
-        private database is gone after the run, and this is what tells why."""
-        from django.db.models import Q
-
-        from queue_app.models import JobAttempt, ProjectEvent
-
-        odd = Q(kind="job.healed") | Q(job_id__in=JobAttempt.objects.filter(outcome__in=["interrupted", "lost"]).values("job_id"))
-        job_ids = set(ProjectEvent.objects.filter(project__owner=self.user).filter(odd).values_list("job_id", flat=True))
-        for job_id in sorted(map(str, job_ids)):
-            print(f"#   job {job_id}:")
-            events = ProjectEvent.objects.filter(job_id=job_id).order_by("seq")
-            for at, kind, status, payload in events.values_list("created_at", "kind", "status", "payload"):
-                print(f"#     {at:%H:%M:%S.%f} event {kind} {status} {payload}")
-            attempts = JobAttempt.objects.filter(job_id=job_id).order_by("number")
-            for number, worker, began, ended, outcome, reason in attempts.values_list(
-                "number", "worker", "started_at", "finished_at", "outcome", "reason"
-            ):
-                ended = f"{ended:%H:%M:%S.%f}" if ended else "-"
-                print(f"#     attempt {number} {worker} {began:%H:%M:%S.%f} → {ended} {outcome} {reason[:120]}")
 
 
 def parse_args(argv=None):
@@ -542,9 +346,7 @@ def main(argv=None) -> int:
     finally:
         infra.stop()
     if failures:
-        print("CHAOS-FAULTS FAILED:")
-        for failure in failures:
-            print("  - " + failure)
+        runner.print_failures("CHAOS-FAULTS", failures)
         print(f"logs: {VAR / 'logs'}")
         return 1
     print("chaos-faults: all assertions hold")

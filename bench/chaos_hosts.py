@@ -2,26 +2,15 @@
 
     python -m bench.chaos_hosts [--scenario 1|2|3|all] [--seed N] [--runs N] [--ci]
 
-Root only (network namespaces, nftables). bench/hosts.py builds two hosts — network
-namespaces with their own UTS hostnames, joined by veths to a bridge in the root
-namespace — and private PostgreSQL and Redis servers (free ports near 55432 and 56379)
-listening on that bridge, so no fault here touches the shared servers. The fake provider
-of bench/chaos.py listens on the bridge too. Each host runs a qcluster and a queue
-service (the app's own manage.py commands), started inside its namespace.
-
-1. two hosts: jobs flow through both (each host's workers run some);
-2. a host dies whole (every process of its namespace SIGKILLed at once): the other host
-   takes its running jobs, claims and collections within LEASE_TTL_SECONDS + 5 s, and
-   polls on its detached jobs;
-3. a partition: one host's traffic to PostgreSQL and Redis is dropped (nftables, silently)
-   for longer than the lease while its workers are inside slow provider calls, then
-   restored; the other host reruns those jobs and the isolated workers' late writes are
-   fenced.
-
-Each scenario prints and asserts the books of bench/chaos.py (jobs lost, duplicate album
-items, concurrency violations from the provider's exact intervals, leaked slots, extra
-paid submissions with their cause) plus its own: fault → every affected job dispatchable
-or running again (p100). Exit status 1 when any assertion fails in any run.
+Root only. bench/hosts.py builds two hosts (network namespaces with their own hostnames on
+a bridge) and private PostgreSQL and Redis servers on that bridge, so no fault touches the
+shared servers; each host runs a qcluster and a queue service. 1: jobs flow through both
+hosts; 2: a host dies whole and the other takes its running jobs, claims and collections
+within LEASE_TTL_SECONDS + 5 s; 3: a partition longer than the lease while its workers are
+inside slow provider calls, then healed: the other host reruns those jobs and the late
+writes are fenced. Each keeps bench/chaos.py's books and adds fault → every affected job
+dispatchable or running again (p100). Exit status 1 when any run fails. More in
+docs/benchmarks.md.
 """
 
 import argparse
@@ -35,7 +24,8 @@ from http.server import ThreadingHTTPServer
 from types import SimpleNamespace
 
 from bench import hosts, runner
-from bench.chaos import Chaos, line
+from bench.chaos import Chaos
+from bench.chaos_books import line
 from tests.fakes.chaos_provider import ChaosProvider, _Handler
 
 HOSTS = ["host-a", "host-b"]
@@ -359,9 +349,7 @@ def main(argv=None) -> int:
     finally:
         hosts.teardown()
     if failures:
-        print("CHAOS-HOSTS FAILED:")
-        for failure in failures:
-            print("  - " + failure)
+        runner.print_failures("CHAOS-HOSTS", failures)
         return 1
     print(f"chaos-hosts: all assertions hold (scenarios {scenarios}, seeds {base_seed}..{base_seed + args.runs - 1})")
     return 0

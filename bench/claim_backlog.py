@@ -13,6 +13,7 @@ import sys
 import time
 
 from bench import runner
+from bench.figures import emit
 
 ROOT = runner.ROOT
 
@@ -20,18 +21,16 @@ ROOT = runner.ROOT
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--database-url", default="")
-    parser.add_argument("--database", default="rs_bench_backlog")
+    parser.add_argument("--database", default=runner.prefixed("rs_bench_backlog"))
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=200)
     args = parser.parse_args(argv)
-    var = ROOT / "var" / "bench" / ("backlog-pg" if args.database_url else "backlog-sqlite")
-    url = runner.with_database(args.database_url, args.database) if args.database_url else f"sqlite:///{var / 'b.sqlite3'}"
+    var = runner.fresh_dir(ROOT / "var" / "bench" / ("backlog-pg" if args.database_url else "backlog-sqlite"))
+    url = runner.database_url(args.database_url, args.database, var / "b.sqlite3")
     label = "postgresql" if args.database_url else "sqlite"
-    import shutil
-
-    shutil.rmtree(var, ignore_errors=True)
-    var.mkdir(parents=True)
-    stack = runner.Stack(database_url=url, cluster_name="rs_bench_backlog", var_dir=var, extra=dict(LOG_LEVEL="WARNING"))
+    stack = runner.Stack(
+        database_url=url, cluster_name=runner.prefixed("rs_bench_backlog"), var_dir=var, extra=dict(LOG_LEVEL="WARNING")
+    )
     stack.prepare()
     from django.contrib.auth import get_user_model
     from django.db import connection
@@ -63,8 +62,9 @@ def main(argv=None) -> int:
         )
     timings.sort()
     median, p95 = timings[len(timings) // 2] * 1000, timings[int(len(timings) * 0.95)] * 1000
-    print(f"bench.claim_at_backlog[{label}] median {median:.2f} ms, p95 {p95:.2f} ms at {args.pending} pending", flush=True)
-    print(f"bench.claims_per_second[{label}] {len(timings) / sum(timings):.0f} claims/s", flush=True)
+    emit("claim_at_backlog_median", f"{median:.2f}", "ms", f"at {args.pending} pending", stack=label)
+    emit("claim_at_backlog_p95", f"{p95:.2f}", "ms", f"at {args.pending} pending", stack=label)
+    emit("claims_per_second", f"{len(timings) / sum(timings):.0f}", "claims/s", stack=label)
     return 0
 
 

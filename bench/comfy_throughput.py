@@ -1,8 +1,8 @@
 """ComfyUI runner throughput against the fake ComfyUI: 1 s prompts, 2 MB outputs.
 
 Real processes (qcluster + queue_service) on a fresh SQLite database (or DATABASE_URL).
-Prints one line per figure: name, value, unit, comparison. Run both ways side by side:
-with the WebSocket accelerator (default) and with the 2 s polling alone.
+Prints one line per figure (bench/figures.py), both ways side by side: with the WebSocket
+accelerator (`[ws+poll]`, the default) and with the 2 s polling alone (`[poll-only]`).
 
     .venv/bin/python -m bench.comfy_throughput [--jobs 30] [--seconds 1.0] [--mb 2]
 """
@@ -31,9 +31,13 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
+from bench.figures import emit  # noqa: E402
 from queue_app.services.jobs import jobs_start  # noqa: E402
 from tests.fakes.comfyui import WORKFLOW, FakeComfyUI, Script  # noqa: E402
 from tests.procs import Proc  # noqa: E402
+
+IDLE_GOAL_MS = 50.0
+LIMIT = 2  # prompts in flight at one instance
 
 
 def child_env(**extra) -> dict:
@@ -98,13 +102,14 @@ def main():
     for websocket in (True, False):
         mode = "ws+poll" if websocket else "poll-only"
         r = run_once(jobs=args.jobs, seconds=args.seconds, megabytes=args.mb, websocket=websocket)
-        print(f"comfy_idle_between_prompts_median[{mode}], {r['idle_median_ms']:.1f}, ms, goal < 50 ms")
-        print(f"comfy_idle_between_prompts_p90[{mode}], {r['idle_p90_ms']:.1f}, ms, -")
-        print(
-            f"comfy_jobs_per_minute[{mode}], {r['jobs_per_min']:.1f}, jobs/min, "
-            f"{r['jobs_per_min'] / r['ideal_per_min']:.0%} of ideal {r['ideal_per_min']:.0f}"
-        )
-        print(f"comfy_max_in_flight[{mode}], {r['max_in_flight']}, prompts, limit 2")
+        idle = r["idle_median_ms"]
+        goal = f"< {IDLE_GOAL_MS:.0f} ms"
+        emit("comfy_idle_between_prompts_median", f"{idle:.1f}", "ms", stack=mode, goal=goal, met=idle < IDLE_GOAL_MS)
+        emit("comfy_idle_between_prompts_p90", f"{r['idle_p90_ms']:.1f}", "ms", stack=mode)
+        share = f"{r['jobs_per_min'] / r['ideal_per_min']:.0%} of ideal {r['ideal_per_min']:.0f}"
+        emit("comfy_jobs_per_minute", f"{r['jobs_per_min']:.1f}", "jobs/min", share, stack=mode)
+        peak = r["max_in_flight"]
+        emit("comfy_max_in_flight", peak, "prompts", stack=mode, goal=f"≤ {LIMIT}, the instance's limit", met=peak <= LIMIT)
 
 
 if __name__ == "__main__":

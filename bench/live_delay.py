@@ -12,7 +12,7 @@ written by the worker in the transaction that completes the job (one machine, on
 
     .venv/bin/python -m bench.live_delay [--jobs 30] [--modes embedded,redis]
 
-One line per figure: name, value, unit, comparison.
+One line per figure (bench/figures.py).
 """
 
 import argparse
@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.figures import emit  # noqa: E402
+from bench.runner import prefixed  # noqa: E402
+
 GOAL_MS = 1000.0
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -65,42 +69,52 @@ def run_mode(mode: str, jobs: int) -> None:
         running += [procs.qcluster(logs, workers=4, **env), procs.queue_service(logs, **env)]
         web = procs.daphne(logs, **env)
         running.append(web)
-
-        from playwright.sync_api import sync_playwright
-
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page()
-            page.set_default_timeout(120_000)
-            page.goto(f"{web.url}/accounts/login/")
-            page.fill("input[name=username]", "bench")
-            page.fill("input[name=password]", "pw-bench")
-            page.click("main button[type=submit]")
-            page.wait_for_url(f"{web.url}/projects/")
-            page.goto(f"{web.url}/projects/{project.id}/")
-            page.wait_for_selector("body[data-live='1']")
-            page.click("#start-all")
-            page.wait_for_function(
-                f"Object.values(window.__liveSeen).filter(s => s.status === 'completed').length === {jobs}", timeout=180_000
-            )
-            seen = page.evaluate("window.__liveSeen")
-            browser.close()
+        seen = watch_in_browser(web.url, project.id, jobs)
         finished = {
             str(i): f.timestamp() * 1000 for i, f in Job.objects.filter(status=Status.COMPLETED).values_list("id", "finished_at")
         }
-        delays = [seen[job_id]["at"] - at for job_id, at in finished.items()]
-        label = f"{mode}_{connection.vendor}"
-        p50, p95, worst = statistics.median(delays), sorted(delays)[int(0.95 * (len(delays) - 1))], max(delays)
-        verdict = "meets" if p50 < GOAL_MS else "misses"
-        print(f"live_delay_{label}_p50 {p50:.0f} ms {verdict} goal < {GOAL_MS:.0f} ms ({len(delays)} jobs)")
-        print(f"live_delay_{label}_p95 {p95:.0f} ms {'meets' if p95 < GOAL_MS else 'misses'} goal < {GOAL_MS:.0f} ms")
-        print(f"load_average_1min {os.getloadavg()[0]:.2f} processes ({os.cpu_count()} cpus)")
-        print(f"live_delay_{label}_max {worst:.0f} ms (min {min(delays):.0f} ms)")
+        report([seen[job_id]["at"] - at for job_id, at in finished.items()], mode, connection.vendor)
     finally:
         for proc in running:
             proc.stop()
         connection.close()
         connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+def watch_in_browser(url: str, project_id, jobs: int) -> dict:
+    """Log in, open the project, start every job and wait until the page saw each complete:
+    per job id, what the page recorded (`at`: the browser's clock when its chip turned)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.set_default_timeout(120_000)
+        page.goto(f"{url}/accounts/login/")
+        page.fill("input[name=username]", "bench")
+        page.fill("input[name=password]", "pw-bench")
+        page.click("main button[type=submit]")
+        page.wait_for_url(f"{url}/projects/")
+        page.goto(f"{url}/projects/{project_id}/")
+        page.wait_for_selector("body[data-live='1']")
+        page.click("#start-all")
+        page.wait_for_function(
+            f"Object.values(window.__liveSeen).filter(s => s.status === 'completed').length === {jobs}", timeout=180_000
+        )
+        seen = page.evaluate("window.__liveSeen")
+        browser.close()
+    return seen
+
+
+def report(delays: list[float], mode: str, vendor: str) -> None:
+    label = f"{mode}_{vendor}"
+    stack = f"{vendor}+{'redis' if mode == 'redis' else 'orm'}"
+    p50, p95, worst = statistics.median(delays), sorted(delays)[int(0.95 * (len(delays) - 1))], max(delays)
+    goal = f"< {GOAL_MS:.0f} ms"
+    emit(f"live_delay_{label}_p50", f"{p50:.0f}", "ms", f"{len(delays)} jobs", stack=stack, goal=goal, met=p50 < GOAL_MS)
+    emit(f"live_delay_{label}_p95", f"{p95:.0f}", "ms", stack=stack, goal=goal, met=p95 < GOAL_MS)
+    print(f"# load average (1 min) {os.getloadavg()[0]:.2f} processes ({os.cpu_count()} cpus)")
+    emit(f"live_delay_{label}_max", f"{worst:.0f}", "ms", f"min {min(delays):.0f} ms", stack=stack)
 
 
 def main():
@@ -123,7 +137,7 @@ def main():
             env["TEST_DB_NAME"] = str(tmp / "embedded.sqlite3")
         else:
             env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/3")
-            env["TEST_DB_NAME"] = "bench_live_mon" if env.get("DATABASE_URL") else str(tmp / "redis.sqlite3")
+            env["TEST_DB_NAME"] = prefixed("bench_live_mon") if env.get("DATABASE_URL") else str(tmp / "redis.sqlite3")
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "bench.live_delay", "--one", mode, "--jobs", str(args.jobs)], cwd=ROOT, env=env

@@ -6,12 +6,13 @@ Django's test client in-process (the server's whole request path: middleware, se
 selector, template), after warm-up; p50 and p95 over the runs. Also the number of SQL
 queries per request, which does not grow with the number of jobs.
 
-Meant for PostgreSQL (it builds its own database `bench_mon`, dropped afterwards):
+Meant for PostgreSQL (it builds its own database `bench_mon`, after BENCH_DB_PREFIX when
+set, dropped afterwards):
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test .venv/bin/python -m bench.monitor_speed [--jobs 100000] [--runs 30]
 
-Without DATABASE_URL it runs on a temporary SQLite file. One line per figure: name,
-value, unit, comparison.
+Without DATABASE_URL it runs on a temporary SQLite file. One line per figure
+(bench/figures.py).
 """
 
 import argparse
@@ -25,10 +26,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.figures import emit, percentile  # noqa: E402
+from bench.runner import prefixed  # noqa: E402
+
 TMP = Path(tempfile.mkdtemp(prefix="monitor-bench-"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "remixstudio.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
-os.environ["TEST_DB_NAME"] = os.getenv("BENCH_DB_NAME", "bench_mon") if os.getenv("DATABASE_URL") else str(TMP / "bench.sqlite3")
+on_server = bool(os.getenv("DATABASE_URL"))
+os.environ["TEST_DB_NAME"] = os.getenv("BENCH_DB_NAME", prefixed("bench_mon")) if on_server else str(TMP / "bench.sqlite3")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver")
 
 import django  # noqa: E402
@@ -51,7 +56,7 @@ def seed(n_jobs: int, n_providers: int, n_projects: int):
     from django.contrib.auth import get_user_model
 
     from queue_app.engine import heartbeats
-    from queue_app.models import AccountSettings, Job, Project, Provider, Status
+    from queue_app.models import AccountSettings, Job, Project, Provider
 
     User = get_user_model()
     owner = User.objects.create_user("bench", password="x")
@@ -72,39 +77,60 @@ def seed(n_jobs: int, n_providers: int, n_projects: int):
         ]
     )
     slots = {p.id: 0 for p in providers}
-    rows = []
-    # A realistic mix: mostly history, a backlog, some running and detached work.
-    for i in range(n_jobs):
-        project = projects[i % n_projects]
-        provider = project.provider
-        bucket = i % 20
-        fields = {"status": Status.COMPLETED, "finished_at": now}
-        if bucket < 3:
-            fields = {"status": Status.PENDING, "queued_at": now - timedelta(seconds=i % 900)}
-        elif bucket == 3:
-            fields = {"status": Status.PENDING, "queued_at": now, "not_before": now + timedelta(seconds=60)}
-        elif bucket == 4 and slots[provider.id] < provider.concurrency:
-            slot = slots[provider.id]
-            slots[provider.id] += 1
-            fields = {
-                "status": Status.PROCESSING,
-                "active_provider_id": provider.id,
-                "slot": slot,
-                "task_id": f"task-{i}" if slot % 2 else "",
-                "lease_expires_at": now + timedelta(hours=1),
-                "started_at": now,
-            }
-        elif bucket in (5, 6):
-            fields = {"status": Status.FAILED, "error": f"provider error {i % 37}", "attempts": 4}
-        elif bucket == 7:
-            fields = {"status": Status.DRAFT}
-        rows.append(Job(project=project, owner=owner, prompt=f"prompt {i} " + "x" * 80, **fields))
+    rows = [
+        Job(
+            project=projects[i % n_projects], owner=owner, prompt=f"prompt {i} " + "x" * 80, **job_fields(i, projects, slots, now)
+        )
+        for i in range(n_jobs)
+    ]
     Job.objects.bulk_create(rows, batch_size=5000)
-    # The attempt log the history charts, percentiles and /metrics read: one attempt per
-    # finished job, their ends spread over the last day (one a minute per project).
+    seed_attempts(owner, now)
+    heartbeats.beat("worker")
+    heartbeats.beat("queue_service")
+    if connection.vendor == "postgresql":
+        # The state autovacuum leaves a live database in: the bulk load and the update above
+        # leave every page unvacuumed and half the attempt rows dead, which no running
+        # system serves its monitor from.
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE")
+    return owner, staff
+
+
+def job_fields(i: int, projects, slots: dict, now) -> dict:
+    """Job i of a realistic mix: mostly history, a backlog, some running and detached work."""
+    from queue_app.models import Status
+
+    provider = projects[i % len(projects)].provider
+    bucket = i % 20
+    fields = {"status": Status.COMPLETED, "finished_at": now}
+    if bucket < 3:
+        fields = {"status": Status.PENDING, "queued_at": now - timedelta(seconds=i % 900)}
+    elif bucket == 3:
+        fields = {"status": Status.PENDING, "queued_at": now, "not_before": now + timedelta(seconds=60)}
+    elif bucket == 4 and slots[provider.id] < provider.concurrency:
+        slot = slots[provider.id]
+        slots[provider.id] += 1
+        fields = {
+            "status": Status.PROCESSING,
+            "active_provider_id": provider.id,
+            "slot": slot,
+            "task_id": f"task-{i}" if slot % 2 else "",
+            "lease_expires_at": now + timedelta(hours=1),
+            "started_at": now,
+        }
+    elif bucket in (5, 6):
+        fields = {"status": Status.FAILED, "error": f"provider error {i % 37}", "attempts": 4}
+    elif bucket == 7:
+        fields = {"status": Status.DRAFT}
+    return fields
+
+
+def seed_attempts(owner, now) -> None:
+    """The attempt log the history charts, percentiles and /metrics read: one attempt per
+    finished job, their ends spread over the last day (one a minute per project)."""
     from django.db.models import F
 
-    from queue_app.models import JobAttempt
+    from queue_app.models import Job, JobAttempt, Status
 
     finished = Job.objects.filter(status__in=(Status.COMPLETED, Status.FAILED)).values_list(
         "id", "status", "project__provider_id"
@@ -123,15 +149,6 @@ def seed(n_jobs: int, n_providers: int, n_projects: int):
     ]
     JobAttempt.objects.bulk_create(attempts, batch_size=5000)
     JobAttempt.objects.update(started_at=F("finished_at") - timedelta(seconds=2))
-    heartbeats.beat("worker")
-    heartbeats.beat("queue_service")
-    if connection.vendor == "postgresql":
-        # The state autovacuum leaves a live database in: the bulk load and the update above
-        # leave every page unvacuumed and half the attempt rows dead, which no running
-        # system serves its monitor from.
-        with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE")
-    return owner, staff
 
 
 def measure(client: Client, url: str, runs: int) -> tuple[list[float], int]:
@@ -148,9 +165,45 @@ def measure(client: Client, url: str, runs: int) -> tuple[list[float], int]:
     return times, len(ctx.captured_queries)
 
 
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+URLS = [
+    ("monitor_page", "/queue/"),
+    ("monitor_page_waiting_filter", "/queue/?state=waiting"),
+    ("monitor_fragment", "/queue/?fragment=1"),
+    ("monitor_day_range", "/queue/?range=day&fragment=1"),
+    ("monitor_search", "/queue/?q=prompt+4242&state=all&fragment=1"),
+    ("workers_page", "/queue/workers/"),
+    ("status_api_none", "/api/queue/status"),
+    ("status_api_all", "/api/queue/status?breakdown=all"),
+]
+
+
+def measure_as(who: str, user, runs: int) -> None:
+    """Every URL as `user`, then the monitor page computing its history on every request."""
+    stack = connection.vendor
+    goal = f"p50 < {GOAL_MS:.0f} ms"
+    client = Client()
+    client.force_login(user)
+    for name, url in URLS:
+        times, queries = measure(client, url, runs)
+        p50, p95 = statistics.median(times), percentile(times, 95)
+        emit(f"{name}_{who}_p50", f"{p50:.1f}", "ms", stack=stack, goal=goal, met=p50 < GOAL_MS)
+        emit(f"{name}_{who}_p95", f"{p95:.1f}", "ms", f"p50 {p50:.1f}", stack=stack)
+        emit(f"{name}_{who}_queries", queries, "queries", "constant (same at 10 jobs; tests/test_monitor.py)", stack=stack)
+    # The page above keeps the attempt-log part HISTORY_CACHE_SECONDS; this is every
+    # request computing the charts, percentiles and failure rates afresh.
+    with override_settings(HISTORY_CACHE_SECONDS=0):
+        times, queries = measure(client, "/queue/", runs)
+    p50, p95 = statistics.median(times), percentile(times, 95)
+    before = BEFORE_UNCACHED.get(who) if stack == "postgresql" else "not measured on SQLite"
+    emit(
+        f"monitor_page_uncached_history_{who}_p50",
+        f"{p50:.1f}",
+        "ms",
+        f"p95 {p95:.1f}, {queries} queries; before: {before}{' ms' if isinstance(before, int) else ''}",
+        stack=stack,
+        goal=goal,
+        met=p50 < GOAL_MS,
+    )
 
 
 def main():
@@ -167,46 +220,24 @@ def main():
         owner, staff = seed(args.jobs, args.providers, args.projects)
         seeded = time.perf_counter() - started
         print(
-            f"seed_seconds {seeded:.1f} s "
+            f"# seeded in {seeded:.1f} s "
             f"({args.jobs} jobs, {args.providers} providers, {args.projects} projects, {connection.vendor})"
         )
         # the machine is shared: the load says how much of a figure is other work
-        print(f"load_average_1min {os.getloadavg()[0]:.2f} processes ({os.cpu_count()} cpus)")
-        urls = [
-            ("monitor_page", "/queue/"),
-            ("monitor_page_waiting_filter", "/queue/?state=waiting"),
-            ("monitor_fragment", "/queue/?fragment=1"),
-            ("monitor_day_range", "/queue/?range=day&fragment=1"),
-            ("monitor_search", "/queue/?q=prompt+4242&state=all&fragment=1"),
-            ("workers_page", "/queue/workers/"),
-            ("status_api_none", "/api/queue/status"),
-            ("status_api_all", "/api/queue/status?breakdown=all"),
-        ]
-        for who, user in (("owner", owner), ("staff", staff)):
-            client = Client()
-            client.force_login(user)
-            for name, url in urls:
-                times, queries = measure(client, url, args.runs)
-                p50, p95 = statistics.median(times), percentile(times, 0.95)
-                verdict = "meets" if p50 < GOAL_MS else "misses"
-                print(f"{name}_{who}_p50 {p50:.1f} ms {verdict} goal p50 < {GOAL_MS:.0f} ms")
-                print(f"{name}_{who}_p95 {p95:.1f} ms (p50 {p50:.1f})")
-                print(f"{name}_{who}_queries {queries} queries constant (same at 10 jobs; tests/test_monitor.py)")
-            # The page above keeps the attempt-log part HISTORY_CACHE_SECONDS; this is every
-            # request computing the charts, percentiles and failure rates afresh.
-            with override_settings(HISTORY_CACHE_SECONDS=0):
-                times, queries = measure(client, "/queue/", args.runs)
-            p50, p95 = statistics.median(times), percentile(times, 0.95)
-            verdict = "meets" if p50 < GOAL_MS else "misses"
-            before = BEFORE_UNCACHED.get(who) if connection.vendor == "postgresql" else "not measured on SQLite"
-            print(
-                f"monitor_page_uncached_history_{who}_p50 {p50:.1f} ms {verdict} goal p50 < {GOAL_MS:.0f} ms "
-                f"(p95 {p95:.1f}, {queries} queries; before: {before}{' ms' if isinstance(before, int) else ''})"
-            )
+        print(f"# load average (1 min) {os.getloadavg()[0]:.2f} processes ({os.cpu_count()} cpus)")
+        measure_as("owner", owner, args.runs)
+        measure_as("staff", staff, args.runs)
         client = Client()
         client.force_login(staff)
         times, queries = measure(client, "/metrics", args.runs)
-        print(f"metrics_scrape_p50 {statistics.median(times):.1f} ms (p95 {percentile(times, 0.95):.1f}), {queries} queries")
+        p95 = percentile(times, 95)
+        emit(
+            "metrics_scrape_p50",
+            f"{statistics.median(times):.1f}",
+            "ms",
+            f"p95 {p95:.1f}, {queries} queries",
+            stack=connection.vendor,
+        )
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
 

@@ -17,7 +17,29 @@ from tests.procs import Proc, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["Proc", "Stack", "manage", "migrate", "purge_broker", "recreate_database", "wait_for", "with_database"]
+__all__ = [
+    "Proc",
+    "Stack",
+    "database_url",
+    "fresh_dir",
+    "manage",
+    "migrate",
+    "prefixed",
+    "print_failures",
+    "purge_broker",
+    "recreate_database",
+    "stop_all",
+    "wait_for",
+    "with_database",
+]
+PREFIX_ENV = "BENCH_DB_PREFIX"
+
+
+def prefixed(name: str) -> str:
+    """A database or broker cluster name on a shared server: BENCH_DB_PREFIX (empty unless
+    set) + `name`, so two people's benches on one PostgreSQL and Redis never drop or read
+    each other's (`BENCH_DB_PREFIX=ann_ make bench`)."""
+    return os.getenv(PREFIX_ENV, "") + name
 
 
 @dataclass
@@ -94,6 +116,20 @@ def chaos_env(*, fake_port: int, workers: int, secret: str, **overrides) -> dict
     return env
 
 
+def fresh_dir(path: Path) -> Path:
+    """`path`, emptied: every run starts without the last one's logs, media and files."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def database_url(server_url: str, name: str, sqlite_file: Path) -> str:
+    """Database `name` on the server of `server_url` (PostgreSQL), or `sqlite_file` without one."""
+    return with_database(server_url, name) if server_url else f"sqlite:///{sqlite_file}"
+
+
 def with_database(url: str, name: str) -> str:
     """The same server, another database (PostgreSQL), or another file (SQLite)."""
     parts = urlsplit(url)
@@ -138,3 +174,18 @@ def purge_broker(stack: Stack) -> None:
 
 def manage(stack: Stack, name: str, *command: str, log_dir: Path, **env) -> Proc:
     return Proc(name, [sys.executable, str(ROOT / "manage.py"), *command], stack.env(**env), log_dir)
+
+
+def stop_all(procs) -> None:
+    """Stop each process gracefully, SIGKILL the ones that do not stop."""
+    for proc in procs:
+        try:
+            proc.stop(timeout=30)
+        except Exception:
+            proc.kill()
+
+
+def print_failures(title: str, failures: list[str]) -> None:
+    print(f"{title} FAILED:")
+    for failure in failures:
+        print("  - " + failure)

@@ -2,18 +2,12 @@
 
     python -m bench.throughput [--database-url URL] [--redis-url URL] [--jobs 400]
 
-In one run, on one broker and database (its own: SQLite `var/bench/throughput.sqlite3`
-with the ORM broker, or PostgreSQL `rs_bench` on the server of --database-url, with
-Redis when --redis-url is given), one qcluster of 4 workers and the queue service:
-
-1. bare django-q2: N no-op tasks enqueued at once, timed until the last one ran (the
-   median of three rounds);
-2. the whole path: N drafts on the instant demo provider (sync, 0 ms, concurrency 4)
-   started at once: claim → worker → provider → album item → completed → next, timed
-   until the last completed; the ratio of the two rates;
-3. 400 demo jobs of 200 ms at concurrency 4: wall time against the ideal 20 s, and
-   slot turnover — from a call's end at the provider to the next call's start in the
-   freed slot (the demo provider's own ledger), p50/p95.
+On its own database (SQLite under var/bench with the ORM broker, or PostgreSQL `rs_bench`
+on the server of --database-url, with Redis when --redis-url is given), one qcluster of 4
+workers and the queue service: bare django-q2 no-op tasks (median of three rounds); the
+whole path on the instant demo provider, and its ratio to bare django-q2; 400 jobs of 200
+ms at concurrency 4 against the ideal 20 s, and slot turnover (a call's end to the next
+call's start in the freed slot), p50/p95.
 """
 
 import argparse
@@ -22,10 +16,12 @@ import sys
 import time
 
 from bench import runner
+from bench.figures import emit, percentile
 
 ROOT = runner.ROOT
-LABEL = ""
 BARE_ROUNDS = 3
+OVERHEAD_GOAL = 0.135  # 3 × the 0.045 of issue 16's first run, as that issue set it
+UTILIZATION_GOAL = 1.10
 
 
 def noop(marker_path: str) -> None:
@@ -35,22 +31,6 @@ def noop(marker_path: str) -> None:
         os.write(fd, b".")
     finally:
         os.close(fd)
-
-
-def line(name, value, unit="", comparison=""):
-    text = f"bench.{name}[{LABEL}] {value}"
-    if unit:
-        text += f" {unit}"
-    if comparison:
-        text += f" ({comparison})"
-    print(text, flush=True)
-
-
-def percentile(values, p):
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
 
 
 def turnover_gaps(calls: list[tuple[float, float]], concurrency: int) -> list[float]:
@@ -77,29 +57,111 @@ def turnover_gaps(calls: list[tuple[float, float]], concurrency: int) -> list[fl
     return gaps
 
 
-def main(argv=None) -> int:
-    global LABEL
+def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--database-url", default="")
     parser.add_argument("--redis-url", default="")
-    parser.add_argument("--database", default="rs_bench")
-    parser.add_argument("--cluster-name", default="rs_bench")
+    parser.add_argument("--database", default=runner.prefixed("rs_bench"))
+    parser.add_argument("--cluster-name", default=runner.prefixed("rs_bench"))
     parser.add_argument("--tasks", type=int, default=1000, help="jobs (and bare tasks) for the overhead ratio")
     parser.add_argument("--jobs", type=int, default=400, help="200 ms jobs for utilization")
     parser.add_argument("--workers", type=int, default=4)
-    args = parser.parse_args(argv)
-    var = ROOT / "var" / "bench" / ("pg" if args.database_url else "sqlite")
-    if args.database_url:
-        url = runner.with_database(args.database_url, args.database)
-    else:
-        url = f"sqlite:///{var / 'throughput.sqlite3'}"
-    LABEL = ("postgresql" if args.database_url else "sqlite") + "+" + ("redis" if args.redis_url else "orm")
-    import shutil
+    return parser.parse_args(argv)
 
-    shutil.rmtree(var, ignore_errors=True)
-    var.mkdir(parents=True)
+
+def bare_rate(args, var, stack: str) -> float:
+    """Bare django-q2 no-op tasks a second: a second or so each on PostgreSQL + Redis, which
+    moved by half from run to run; the median of BARE_ROUNDS is the ratio's base."""
+    from django_q.tasks import async_task
+
+    rates = []
+    for round_number in range(BARE_ROUNDS):
+        marker = var / f"noop-{round_number}.marks"
+        started = time.monotonic()
+        for _ in range(args.tasks):
+            async_task("bench.throughput.noop", str(marker))
+        runner.wait_for(
+            lambda marker=marker: marker.exists() and marker.stat().st_size >= args.tasks,
+            timeout=600,
+            interval=0.02,
+            message="no-op tasks",
+        )
+        rates.append(args.tasks / (time.monotonic() - started))
+    rate = sorted(rates)[len(rates) // 2]
+    spread = ", ".join(f"{one:.0f}" for one in rates)
+    emit("bare_noop_tasks", f"{rate:.1f}", "tasks/s", f"{args.workers} workers; median of {spread}", stack=stack)
+    return rate
+
+
+def demo_jobs(user, name: str, *, concurrency: int, latency_ms: int, count: int):
+    """`count` demo text jobs on a provider of their own, started at once and waited for:
+    the provider and the seconds from the start to the last completed."""
+    from queue_app.models import Job, Project, Provider, Status
+    from queue_app.services.jobs import jobs_start
+
+    provider = Provider.objects.create(
+        owner=user, name=name, family="demo", concurrency=concurrency, options={"latency_ms": latency_ms}
+    )
+    project = Project.objects.create(owner=user, name=name, provider=provider, model="demo-text", kind="text")
+    Job.objects.bulk_create([Job(project=project, owner=user, prompt=f"job {n}") for n in range(count)])
+    started = time.monotonic()
+    jobs_start(user=user, project=project, all_drafts=True)
+    runner.wait_for(
+        lambda: Job.objects.filter(project=project, status=Status.COMPLETED).count() >= count,
+        timeout=900,
+        interval=0.05,
+        message=f"{name} jobs",
+    )
+    return provider, time.monotonic() - started
+
+
+def whole_path(args, user, bare: float, stack: str) -> None:
+    """The whole path on the instant demo provider, against bare django-q2."""
+    _, seconds = demo_jobs(user, "instant", concurrency=args.workers, latency_ms=0, count=args.tasks)
+    path_rate = args.tasks / seconds
+    emit("whole_path_jobs", f"{path_rate:.1f}", "jobs/s", f"demo text, 0 ms, concurrency {args.workers}", stack=stack)
+    ratio = path_rate / bare
+    emit(
+        "dispatch_overhead_ratio",
+        f"{ratio:.3f}",
+        "x",
+        "whole-path jobs/s ÷ bare no-op tasks/s; 0.04–0.07 when issue 16 was filed",
+        stack=stack,
+        goal=f"≥ {OVERHEAD_GOAL}",
+        met=ratio >= OVERHEAD_GOAL,
+    )
+
+
+def utilization(args, user, stack: str) -> None:
+    """200 ms jobs at concurrency 4: wall time against the ideal, and slot turnover."""
+    from queue_app.providers import demo
+
+    provider, wall = demo_jobs(user, "200ms", concurrency=4, latency_ms=200, count=args.jobs)
+    ideal = args.jobs * 0.2 / 4
+    emit(
+        "utilization_wall_time",
+        f"{wall:.2f}",
+        "s",
+        f"ideal {ideal:.0f} s; {wall / ideal:.3f}x; 1.19–1.44x when issue 16 was filed",
+        stack=stack,
+        goal=f"≤ {UTILIZATION_GOAL:.2f}x ideal",
+        met=wall / ideal <= UTILIZATION_GOAL,
+    )
+    calls = [(start, end) for start, end in demo.calls(provider.id) if end is not None]
+    gaps = turnover_gaps(calls, 4)
+    limit = 20 if args.redis_url else 100
+    p95 = percentile(gaps, 95) * 1000
+    emit("slot_turnover_p50", f"{percentile(gaps, 50) * 1000:.1f}", "ms", stack=stack)
+    emit("slot_turnover_p95", f"{p95:.1f}", "ms", stack=stack, goal=f"p95 < {limit} ms", met=p95 < limit)
+    emit("provider_peak_inflight", demo.peak_inflight(provider.id), "calls", "concurrency 4", stack=stack)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    var = runner.fresh_dir(ROOT / "var" / "bench" / ("pg" if args.database_url else "sqlite"))
+    stack_name = ("postgresql" if args.database_url else "sqlite") + "+" + ("redis" if args.redis_url else "orm")
     stack = runner.Stack(
-        database_url=url,
+        database_url=runner.database_url(args.database_url, args.database, var / "throughput.sqlite3"),
         redis_url=args.redis_url,
         cluster_name=args.cluster_name,
         var_dir=var,
@@ -110,11 +172,8 @@ def main(argv=None) -> int:
 
     logging.getLogger("django-q").setLevel(logging.WARNING)
     from django.contrib.auth import get_user_model
-    from django_q.tasks import async_task
 
-    from queue_app.models import AccountSettings, Job, Project, Provider, Status
-    from queue_app.providers import demo
-    from queue_app.services.jobs import jobs_start
+    from queue_app.models import AccountSettings, Heartbeat
 
     user = get_user_model().objects.create_user(username="bench", password="bench-pw-unused")
     AccountSettings.objects.create(user=user, storage_limit_bytes=100 * 1024**3)
@@ -124,71 +183,11 @@ def main(argv=None) -> int:
         runner.manage(stack, "queue", "queue_service", log_dir=logs),
     ]
     try:
-        from queue_app.models import Heartbeat
-
         runner.wait_for(lambda: Heartbeat.objects.filter(role="worker").exists(), timeout=60, message="the worker cluster")
         time.sleep(1)
-
-        # 1. bare django-q2 no-op tasks: a second or so each on PostgreSQL + Redis, which
-        # moved by half from run to run; the median of BARE_ROUNDS is the ratio's base.
-        rates = []
-        for round_number in range(BARE_ROUNDS):
-            marker = var / f"noop-{round_number}.marks"
-            started = time.monotonic()
-            for _ in range(args.tasks):
-                async_task("bench.throughput.noop", str(marker))
-            runner.wait_for(
-                lambda marker=marker: marker.exists() and marker.stat().st_size >= args.tasks,
-                timeout=600,
-                interval=0.02,
-                message="no-op tasks",
-            )
-            rates.append(args.tasks / (time.monotonic() - started))
-        bare_rate = sorted(rates)[len(rates) // 2]
-        spread = ", ".join(f"{rate:.0f}" for rate in rates)
-        line("bare_noop_tasks", f"{bare_rate:.1f}", "tasks/s", f"{args.workers} workers; median of {spread}")
-
-        # 2. the whole path on the instant demo provider
-        provider = Provider.objects.create(
-            owner=user, name="instant", family="demo", concurrency=args.workers, options={"latency_ms": 0}
-        )
-        project = Project.objects.create(owner=user, name="instant", provider=provider, model="demo-text", kind="text")
-        Job.objects.bulk_create([Job(project=project, owner=user, prompt=f"job {n}") for n in range(args.tasks)])
-        started = time.monotonic()
-        jobs_start(user=user, project=project, all_drafts=True)
-        runner.wait_for(
-            lambda: Job.objects.filter(project=project, status=Status.COMPLETED).count() >= args.tasks,
-            timeout=900,
-            interval=0.05,
-            message="instant jobs",
-        )
-        path_rate = args.tasks / (time.monotonic() - started)
-        line("whole_path_jobs", f"{path_rate:.1f}", "jobs/s", f"demo text, 0 ms, concurrency {args.workers}")
-        filed = "0.04–0.07 when issue 16 was filed, goal 3× that"
-        line("dispatch_overhead_ratio", f"{path_rate / bare_rate:.3f}", "x", f"whole-path jobs/s ÷ bare no-op tasks/s; {filed}")
-
-        # 3. utilization and slot turnover: 200 ms jobs at concurrency 4
-        provider = Provider.objects.create(owner=user, name="200ms", family="demo", concurrency=4, options={"latency_ms": 200})
-        project = Project.objects.create(owner=user, name="200ms", provider=provider, model="demo-text", kind="text")
-        Job.objects.bulk_create([Job(project=project, owner=user, prompt=f"job {n}") for n in range(args.jobs)])
-        started = time.monotonic()
-        jobs_start(user=user, project=project, all_drafts=True)
-        runner.wait_for(
-            lambda: Job.objects.filter(project=project, status=Status.COMPLETED).count() >= args.jobs,
-            timeout=900,
-            interval=0.05,
-            message="200 ms jobs",
-        )
-        wall = time.monotonic() - started
-        ideal = args.jobs * 0.2 / 4
-        filed = "1.19–1.44x when issue 16 was filed"
-        line("utilization_wall_time", f"{wall:.2f}", "s", f"ideal {ideal:.0f} s; {wall / ideal:.3f}x, goal ≤ 1.10x; {filed}")
-        calls = [(start, end) for start, end in demo.calls(provider.id) if end is not None]
-        gaps = turnover_gaps(calls, 4)
-        goal = "goal p95 < 20 ms" if args.redis_url else "goal p95 < 100 ms"
-        line("slot_turnover_p50", f"{percentile(gaps, 50) * 1000:.1f}", "ms")
-        line("slot_turnover_p95", f"{percentile(gaps, 95) * 1000:.1f}", "ms", goal)
-        line("provider_peak_inflight", demo.peak_inflight(provider.id), "calls", "concurrency 4")
+        bare = bare_rate(args, var, stack_name)
+        whole_path(args, user, bare, stack_name)
+        utilization(args, user, stack_name)
     finally:
         for proc in procs:
             proc.stop(timeout=30)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.idle_slots import explain, ideal_seconds, idle_figures, job_states, union_length
+from bench.idle_intervals import explain, ideal_seconds, idle_figures, job_states, union_length
 
 
 def test_union_length_counts_overlaps_once_and_clips_to_the_window():
