@@ -75,6 +75,8 @@ chaos-hosts: $(STAMP)
 	$(BIN)/python -m bench.chaos_hosts $(HOSTS_ARGS)
 	if [ -f bench/chaos_faults.py ]; then $(BIN)/python -m bench.chaos_faults $(FAULTS_ARGS); fi
 
+# Every benchmark (bench/run_all.py); writes bench/RESULTS.md, the latest run only.
+# BENCH_DB_PREFIX=you_ names its databases apart from anyone else's on the same server.
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 

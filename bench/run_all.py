@@ -143,13 +143,26 @@ def run_bench(bench: Bench, servers: Servers, *, quick: bool, figures_path: str,
             print(f"# skipped {bench.module} [{choice}]: its servers do not answer", flush=True)
             continue
         urls = servers.urls(stack)
-        args = [arg.format(**urls) for arg in bench.args] + list(bench.quick if quick else bench.sizes)
+        args = arguments(bench.args, urls) + list(bench.quick if quick else bench.sizes)
         env = {"DATABASE_URL": urls["database_url"], "REDIS_URL": urls["redis_url"], figures.FIGURES_ENV: figures_path}
         code = run(bench.module, *args, env=env)
         if code:
             notes.append(f"{bench.module} [{stack}]: exited {code}")
         status |= code
     return status
+
+
+def arguments(template: tuple[str, ...], urls: dict) -> list[str]:
+    """`{database_url}` and `{redis_url}` filled in; an option left empty is left out (the
+    module's default then: SQLite, the ORM broker)."""
+    filled = [arg.format(**urls) for arg in template]
+    out = []
+    for index, arg in enumerate(filled):
+        following = filled[index + 1] if index + 1 < len(filled) else None
+        if (arg.startswith("--") and following == "") or (arg == "" and index and filled[index - 1].startswith("--")):
+            continue
+        out.append(arg)
+    return out
 
 
 def main(argv=None) -> int:

@@ -58,6 +58,14 @@ def test_a_stack_choice_takes_the_first_stack_whose_servers_answer(has_pg, has_r
     assert servers.urls("sqlite+redis") == {"database_url": "", "redis_url": "redis://r/4"}
 
 
+def test_a_bench_on_sqlite_gets_no_empty_server_options():
+    on_sqlite = {"database_url": "", "redis_url": ""}
+    template = run_all.ON_DATABASE + run_all.ON_BROKER + ("--modes", "embedded")
+    assert run_all.arguments(template, on_sqlite) == ["--modes", "embedded"]
+    on_pg = {"database_url": "postgres://pg/test", "redis_url": ""}
+    assert run_all.arguments(template, on_pg) == ["--database-url", "postgres://pg/test", "--modes", "embedded"]
+
+
 def test_every_registered_bench_exists_and_names_known_stacks():
     known = {"sqlite", "sqlite+orm", "sqlite+redis", "postgresql", "postgresql+redis"}
     for bench in run_all.BENCHES:
