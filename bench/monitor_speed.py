@@ -188,7 +188,7 @@ def measure_as(who: str, user, runs: int) -> None:
         p50, p95 = statistics.median(times), percentile(times, 95)
         emit(f"{name}_{who}_p50", f"{p50:.1f}", "ms", stack=stack, goal=goal, met=p50 < GOAL_MS)
         emit(f"{name}_{who}_p95", f"{p95:.1f}", "ms", f"p50 {p50:.1f}", stack=stack)
-        emit(f"{name}_{who}_queries", queries, "queries", "constant (same at 10 jobs; tests/test_monitor.py)", stack=stack)
+        emit(f"{name}_{who}_queries", queries, "queries", "constant: the same at 10 jobs (tests/test_monitor.py)", stack=stack)
     # The page above keeps the attempt-log part HISTORY_CACHE_SECONDS; this is every
     # request computing the charts, percentiles and failure rates afresh.
     with override_settings(HISTORY_CACHE_SECONDS=0):

@@ -235,8 +235,8 @@ def results_page(machine: list[str], rows: list[dict], notes: list[str], *, quic
     out = [
         "# Benchmark results",
         "",
-        f"The latest `{command}`, written by bench/run_all.py; every figure of that run. Its notes",
-        "(sizes, comparisons) are in the run's printed output.",
+        f"The latest `{command}`, written by bench/run_all.py: every figure of that run (their",
+        "notes, sizes and comparisons are in the run's printed output).",
         "",
         *machine,
         "",
