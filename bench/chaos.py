@@ -10,7 +10,7 @@ restarted every few seconds; once, a cluster gets a SIGTERM and the app's connec
 terminated. The books (bench/chaos_books.py) then print one line per figure and assert: no
 job lost, no duplicate album item, no call over a provider's limit, no slot leaked, kill →
 dispatchable p100 < 15 s, Retry-After kept, no unexplained paid submission, no secret or
-prompt in the logs. Exit status 1 when any fails. More in docs/benchmarks.md.
+prompt in the logs. Exit status 1 when any fails. More in docs/testing.md.
 """
 
 import argparse

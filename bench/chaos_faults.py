@@ -13,7 +13,7 @@
 Each is bench/chaos.py's soak with one fault instead of the kills, its books plus the
 scenario's (bench/fault_books.py), on private PostgreSQL and Redis servers
 (bench/fault_infra.py), never the shared ones. Needs root, postgresql-15, redis-server and
-a C compiler. More in docs/benchmarks.md.
+a C compiler. More in docs/testing.md.
 """
 
 import argparse

@@ -10,7 +10,7 @@ within LEASE_TTL_SECONDS + 5 s; 3: a partition longer than the lease while its w
 inside slow provider calls, then healed: the other host reruns those jobs and the late
 writes are fenced. Each keeps bench/chaos.py's books and adds fault → every affected job
 dispatchable or running again (p100). Exit status 1 when any run fails. More in
-docs/benchmarks.md.
+docs/testing.md.
 """
 
 import argparse
