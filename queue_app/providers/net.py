@@ -1,28 +1,19 @@
-"""The one HTTP client every outbound call goes through.
+"""The one HTTP client every outbound call goes through, so the rules hold in one place.
 
-- every URL, and every hop of a redirect, passes `addresses.check_url` first (https only,
-  public addresses only, unless allowlisted: the policy lives in addresses.py);
-- explicit connect/read timeouts on every call;
-- a size cap on every body (streamed, counted, cut off);
-- never retries on its own (a POST to a paid API must not be sent twice by a library);
-- credentials (Authorization, API-key headers, cookies) are not carried across a redirect
-  to another origin.
-- the address a connection actually reached is checked again once the socket is open,
-  before a byte is sent: a name that answers the check with a public address and the
-  connection with a private one (DNS rebinding) is refused there.
-- a call can be stopped from another thread (`abortable`): a worker whose lease may
-  have run out must not stay inside a provider call another host may be repeating;
-- WebSockets (the ComfyUI runner's listener, aiohttp) go through `ws_session`: the same
-  URL check, no redirects, and the address each socket connects to checked first.
-
-The policy's names (`check_url`, `UnsafeURL`, `purpose`, ...) are re-exported here, so a
-caller imports one module for outbound calls.
+Every URL and every redirect hop passes `addresses.check_url` (the policy lives there), and
+the address a socket actually reached is checked again before a byte is sent (DNS
+rebinding). Every call has connect/read timeouts and a size cap on its body, never retries
+on its own (a paid POST must not be sent twice), and drops credentials on a redirect to
+another origin. `abortable` lets another thread stop a call (a worker whose lease may have
+run out); `ws_session` is the same guard for the ComfyUI runner's WebSockets. The policy's
+names (`check_url`, `UnsafeURL`, ...) are re-exported: callers import one module.
 """
 
 import contextlib
 import contextvars
 import socket
 import threading
+import time
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -260,79 +251,100 @@ def stream_to_file(
     `clock`, and by a watchdog that closes the connection, since a trickle of bytes
     would otherwise keep a blocking read alive). Returns (bytes written, content type).
     """
-    import threading
-    import time
-
     clock = clock or time.monotonic
     max_bytes = max_bytes or settings.OUTBOUND_MAX_BYTES
     started = clock()
-    for _ in range(MAX_REDIRECTS + 1):
-        check_url(url)
-        try:
-            response = _session.get(
-                url, headers=headers or {}, timeout=(CONNECT_TIMEOUT, idle_timeout), allow_redirects=False, stream=True
-            )
-        except requests.Timeout:
-            raise Stalled(f"no answer within {idle_timeout:g} s") from None
-        except requests.RequestException as error:
-            raise _scrubbed(error)
-        if response.is_redirect:
-            next_url = urljoin(url, response.headers["location"])
-            if urlsplit(next_url).netloc != urlsplit(url).netloc:
-                headers = {}  # credentials stay with the origin that asked for them
-            url = next_url
-            response.close()
-            continue
-        break
-    else:
-        raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
+    response = _open_stream(url, headers or {}, idle_timeout)
     expired = threading.Event()
-
-    def watchdog():
-        expired.set()
-        try:  # close() alone does not wake a read blocked in another thread; shutdown does
-            import socket as _socket
-
-            response.raw._fp.fp.raw._sock.shutdown(_socket.SHUT_RDWR)  # http.client's socket
-        except Exception:
-            pass
-        response.close()
-
-    timer = threading.Timer(max(0.0, total_timeout - (clock() - started)), watchdog)
+    timer = threading.Timer(max(0.0, total_timeout - (clock() - started)), _watchdog, (response, expired))
     timer.daemon = True
     timer.start()
-    total = 0
     try:
         _raise_for_status(response)
         declared = response.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_bytes:
             raise TooLarge(f"response of {int(declared)} bytes is over the {max_bytes}-byte cap")
-        with open(path, "wb") as handle:
-            try:
-                for chunk in response.iter_content(64 * 1024):
-                    total += len(chunk)
-                    if total > max_bytes:
-                        raise TooLarge(f"response is over the {max_bytes}-byte cap")
-                    handle.write(chunk)
-                    if clock() - started > total_timeout:
-                        raise Stalled(f"the download took longer than {total_timeout / 60:g} minutes")
-            except (Stalled, TooLarge):
-                raise
-            except Exception as error:  # the watchdog's close surfaces as whatever the read hit
-                if expired.is_set():
-                    raise Stalled(f"the download took longer than {total_timeout / 60:g} minutes") from None
-                if isinstance(error, requests.Timeout) or "timed out" in str(error).lower():
-                    raise Stalled(f"no data arrived for {idle_timeout:g} s") from None
-                raise
-        if expired.is_set():
-            raise Stalled(f"the download took longer than {total_timeout / 60:g} minutes")
-        declared_ok = not declared or not declared.isdigit() or int(declared) == total
-        if not declared_ok:
+        deadline = _Deadline(clock, started, total_timeout, expired)
+        total = _write_stream(response, path, max_bytes=max_bytes, idle_timeout=idle_timeout, deadline=deadline)
+        deadline.check()
+        if declared and declared.isdigit() and int(declared) != total:
             raise Stalled(f"the connection closed after {total} of {declared} bytes")
     finally:
         timer.cancel()
         response.close()
     return total, response.headers.get("content-type", "").split(";")[0].strip()
+
+
+def _open_stream(url: str, headers: dict, idle_timeout: float) -> requests.Response:
+    """The streamed GET's response, redirects followed by hand (each hop checked, and
+    credentials dropped when a hop leaves the origin)."""
+    for _ in range(MAX_REDIRECTS + 1):
+        check_url(url)
+        try:
+            response = _session.get(
+                url, headers=headers, timeout=(CONNECT_TIMEOUT, idle_timeout), allow_redirects=False, stream=True
+            )
+        except requests.Timeout:
+            raise Stalled(f"no answer within {idle_timeout:g} s") from None
+        except requests.RequestException as error:
+            raise _scrubbed(error)
+        if not response.is_redirect:
+            return response
+        next_url = urljoin(url, response.headers["location"])
+        if urlsplit(next_url).netloc != urlsplit(url).netloc:
+            headers = {}  # credentials stay with the origin that asked for them
+        url = next_url
+        response.close()
+    raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _watchdog(response: requests.Response, expired: threading.Event) -> None:
+    """Ends a download that ran past its overall limit, from the timer's thread."""
+    expired.set()
+    try:  # close() alone does not wake a read blocked in another thread; shutdown does
+        response.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)  # http.client's socket
+    except Exception:
+        pass
+    response.close()
+
+
+class _Deadline:
+    """The overall limit of one download: passed by the clock, or fired by the watchdog."""
+
+    def __init__(self, clock, started: float, total_timeout: float, expired: threading.Event):
+        self.clock, self.started, self.total_timeout, self.expired = clock, started, total_timeout, expired
+
+    def passed(self) -> Stalled:
+        return Stalled(f"the download took longer than {self.total_timeout / 60:g} minutes")
+
+    def check(self) -> None:
+        """After the last chunk: the watchdog may have cut the body short."""
+        if self.expired.is_set():
+            raise self.passed()
+
+
+def _write_stream(response, path, *, max_bytes: int, idle_timeout: float, deadline: _Deadline) -> int:
+    """Writes the body to `path` chunk by chunk under the size cap and the deadline; the
+    bytes written. A read the watchdog or the idle timeout broke becomes `Stalled`."""
+    total = 0
+    with open(path, "wb") as handle:
+        try:
+            for chunk in response.iter_content(64 * 1024):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise TooLarge(f"response is over the {max_bytes}-byte cap")
+                handle.write(chunk)
+                if deadline.clock() - deadline.started > deadline.total_timeout:
+                    raise deadline.passed()
+        except (Stalled, TooLarge):
+            raise
+        except Exception as error:  # the watchdog's close surfaces as whatever the read hit
+            if deadline.expired.is_set():
+                raise deadline.passed() from None
+            if isinstance(error, requests.Timeout) or "timed out" in str(error).lower():
+                raise Stalled(f"no data arrived for {idle_timeout:g} s") from None
+            raise
+    return total
 
 
 # --- WebSockets (aiohttp) -------------------------------------------------------------------
