@@ -23,7 +23,7 @@ from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
 from queue_app.providers.base import Finished, Submitted
 from queue_app.queue_service import poller
-from queue_app.selectors.queue import job_state
+from queue_app.selectors.job_list import job_state
 from queue_app.services.jobs import failed_jobs_clear, jobs_cancel, jobs_retry, jobs_start
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider

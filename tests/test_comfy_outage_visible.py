@@ -10,7 +10,7 @@ from django.utils import timezone
 from comfy_app.models import ComfyInstance
 from comfy_app.runner import check
 from queue_app.models import Status
-from queue_app.selectors.queue import jobs_page
+from queue_app.selectors.job_list import jobs_page
 from tests.fakes.comfyui import Script
 from tests.test_api import api_client
 from tests.test_comfy_runner import comfy_project, job_of, start

@@ -109,21 +109,27 @@ def test_the_fragment_is_the_sections_alone(signed_in, project):
     assert "Settled when a worker claims the job" in html  # a draft has no snapshot yet
 
 
-def _an_event_commits_during(monkeypatch, name, owner, job):
-    """While the page reads its state, the job is retried elsewhere (its event commits)."""
-    from queue_app import selectors
+def _an_event_commits_during(monkeypatch, read, owner, job):
+    """While the page reads its state (`read`: "module:name", where the page looks it up),
+    the job is retried elsewhere (its event commits)."""
+    import importlib
 
-    real = getattr(selectors, name)
+    module_name, name = read.split(":")
+    module = importlib.import_module(module_name)
+    real = getattr(module, name)
 
     def read_while_it_changes(*args, **kwargs):
         if Job.objects.filter(id=job.id, status=Status.FAILED).exists():
             jobs_retry(user=owner, job_ids=[job.id])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(selectors, name, read_while_it_changes)
+    monkeypatch.setattr(module, name, read_while_it_changes)
 
 
-@pytest.mark.parametrize("where, read", [("job", "job_detail"), ("project", "visible_providers")])
+@pytest.mark.parametrize(
+    "where, read",
+    [("job", "queue_app.selectors.jobs:job_detail"), ("project", "queue_app.web.pages:visible_providers")],
+)
 def test_an_event_committed_while_a_page_renders_is_replayed_to_its_socket(signed_in, owner, project, monkeypatch, where, read):
     """The page's seq is where its socket resumes: one read after the state would skip an
     event the state does not show, and the page would stay stale until the next event."""

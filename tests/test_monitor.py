@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Provider, Status
-from queue_app.selectors.queue import jobs_page, queue_status
+from queue_app.selectors.job_list import jobs_page
+from queue_app.selectors.queue import queue_status
 from queue_app.web import monitor
 from tests.conftest import make_drafts, make_project, make_provider
 

@@ -110,7 +110,7 @@ def test_the_number_of_queries_does_not_grow_with_jobs(owner, fixture):
 def test_every_filter_state_counts_what_its_rows_say(owner, fixture, state, minutes_later):
     # The SQL side of a derived state (the filter) and its Python side (each row's state,
     # the totals' grouping) are written beside each other in queue_app/states.py: here they agree.
-    from queue_app.selectors.queue import jobs_page
+    from queue_app.selectors.job_list import jobs_page
 
     now = fixture["now"] + timedelta(minutes=minutes_later)
     page = jobs_page(user=owner, state=state, now=now, per_page=200)

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from queue_app.engine import heartbeats
 from queue_app.models import Job, Project, Provider, Status
-from queue_app.selectors.queue import job_row
+from queue_app.selectors.job_list import job_row
 from queue_app.selectors.visibility import visible_jobs, visible_projects, visible_providers
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, StrictBool, StrictInt
 
 from queue_app import limits
-from queue_app.selectors.queue import JOB_FILTER_STATES
+from queue_app.selectors.job_list import JOB_FILTER_STATES
 from queue_app.web.schemas import (
     CancelJobs,
     Cursor,

@@ -22,7 +22,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queue_app import limits
 from queue_app.models import Project
-from queue_app.selectors.queue import jobs_page, queue_status
+from queue_app.selectors.job_list import jobs_page
+from queue_app.selectors.queue import queue_status
 from queue_app.selectors.visibility import visible_jobs, visible_to
 from queue_app.services import jobs as job_writes
 from queue_app.services.drafts import jobs_create_drafts

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from queue_app.selectors import queue as queue_reads
 from queue_app.selectors.agents import job_summary, project_detail, projects_after, providers_after
-from queue_app.selectors.queue import jobs_page
+from queue_app.selectors.job_list import jobs_page
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.jobs import jobs_start

@@ -24,9 +24,10 @@ from django.views.decorators.http import require_POST
 from queue_app import limits
 from queue_app.engine import heartbeats
 from queue_app.models import Project, Provider
+from queue_app.selectors.job_list import jobs_page
 from queue_app.selectors.jobs import attention_jobs
 from queue_app.selectors.projects import project_choices
-from queue_app.selectors.queue import COUNT_KEYS, jobs_page, queue_status
+from queue_app.selectors.queue import COUNT_KEYS, queue_status
 from queue_app.selectors.visibility import visible_providers
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import failed_jobs_clear, failed_jobs_retry, failed_scope

@@ -11,9 +11,10 @@ from django.views.decorators.http import require_POST
 
 from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Kind, Project, Status
+from queue_app.selectors.job_list import job_row
 from queue_app.selectors.jobs import album_counts
 from queue_app.selectors.projects import storage_summary
-from queue_app.selectors.queue import job_row, runner_health
+from queue_app.selectors.queue import runner_health
 from queue_app.selectors.visibility import visible_providers, visible_to
 from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST
 from queue_app.services.errors import ServiceError

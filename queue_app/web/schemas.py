@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from queue_app import limits
 from queue_app.providers.catalogue import CATALOGUE
-from queue_app.selectors.queue import JOB_FILTER_STATES, MAX_PER_PAGE
+from queue_app.selectors.job_list import JOB_FILTER_STATES, MAX_PER_PAGE
 from queue_app.services.errors import ServiceError
 
 MAX_ID = 2**62

@@ -5,7 +5,7 @@ POST /queue/jobs/bulk with `op` = "<action>:selected" (with `job_ids`) or
 "<action>:matching" (with the list's filters: state, provider, project, model, error, q).
 The first POST shows how many jobs the action will touch; `confirm=1` acts. "All
 matching" is recomputed at confirmation through the same selector the list used
-(`selectors_search.matching_job_ids`), at most BULK_LIMIT jobs per request. Retry and
+(`job_list.matching_job_ids`), at most BULK_LIMIT jobs per request. Retry and
 clear act on the failed jobs among them, cancel on the pending and processing ones; the
 services skip the rest and anything the user may not touch.
 """
@@ -19,7 +19,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
 from queue_app.models import Status
-from queue_app.selectors import search as selectors_search
+from queue_app.selectors import job_list
 from queue_app.selectors.visibility import visible_jobs
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import selected_failed_clear, selected_failed_retry
@@ -74,7 +74,7 @@ def bulk_action(request):
         return back(request)
     filters = filters_from(request.POST)
     if scope == "matching":
-        job_ids = selectors_search.matching_job_ids(user=request.user, filters=filters)
+        job_ids = job_list.matching_job_ids(user=request.user, filters=filters)
     else:
         job_ids = _selected_ids(request)
     if not job_ids:
@@ -91,7 +91,7 @@ def bulk_action(request):
                 "verb": verb,
                 "scope": scope,
                 "listed": len(job_ids),
-                "capped": scope == "matching" and len(job_ids) >= selectors_search.BULK_LIMIT,
+                "capped": scope == "matching" and len(job_ids) >= job_list.BULK_LIMIT,
                 "count": affected,
                 "job_ids": job_ids if scope == "selected" else [],
                 "filters": filters,

@@ -13,6 +13,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from queue_app.models import ApiToken
+from queue_app.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,6 @@ def token_hash(raw: str) -> str:
 
 def token_create(*, user, name: str) -> tuple[ApiToken, str]:
     """A new token; the raw value is returned once and never stored."""
-    from queue_app.services.errors import ServiceError
-
     name = (name or "").strip()[:100] or "token"
     if ApiToken.objects.filter(owner=user).count() >= MAX_TOKENS_PER_USER:
         raise ServiceError(f"at most {MAX_TOKENS_PER_USER} tokens per account; revoke one first")
