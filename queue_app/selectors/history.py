@@ -1,24 +1,11 @@
-"""The queue's history, read from the append-only attempt log (no write on the hot path).
+"""The queue's history, read from the append-only attempt log: the monitor's charts, the
+Prometheus histograms and the alerts (the live numbers are `queue.queue_status`'s).
 
-The Queue Monitor's charts, the Prometheus histograms and the alerts read here; the live
-numbers come from `selectors.queue_status`. Every function runs a constant number of
-queries whatever the size of the log:
-
-- `attempt_outcomes` — attempts by outcome, all time (a Prometheus counter: the log is
-  append-only; clearing failed jobs deletes their attempts, which Prometheus reads as a
-  counter reset);
-- `duration_histogram` — cumulative bucket counts, count and sum of queue wait (a job's
-  first attempt: the worker took it − the job was queued) or run time (an attempt's end −
-  its start), counted by the database in one pass (`Count(filter=...)` per bucket);
-- `percentiles` — p50/p95/p99 read off a histogram (linear inside a bucket, what
-  Prometheus' histogram_quantile does), so no database needs percentile functions;
-- `throughput` — attempts completed and failed per time bin per provider, last hour or day;
-- `provider_alerts` — the alerts an operator would set, per provider.
-
-An attempt's provider is its job's (`Coalesce(job.provider, project.provider)`), copied
-onto the attempt with the job's owner and queued time when it opens (models.JobAttempt.save):
-every read here is one index-backed time window of the attempt log alone, grouped by the
-database, with no join to the jobs (joining them scanned all 100,000 on each refresh).
+Outcome counts, wait and run time histograms (bucketed by the database in one pass, so
+percentiles need no percentile functions), throughput per time bin, failure rates and
+per-provider alerts. Each is a constant number of queries over one index-backed time
+window of the attempt log alone: an attempt carries its job's provider, owner and queued
+time from when it opens, so nothing joins the jobs (that join scanned all of them).
 """
 
 from collections import defaultdict

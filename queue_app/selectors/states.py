@@ -1,21 +1,11 @@
-"""The derived job states, each defined once: its SQL condition beside its Python predicate.
+"""The derived job states (ARCHITECTURE "Job states"), each defined once: its SQL condition
+beside its Python predicate, so the job list's filter, a row's state and the queue's
+counts cannot disagree.
 
-ARCHITECTURE "Job states". A job's stored status is draft, pending, processing, completed
-or failed; the queue shows pending and processing split by what will happen next:
-- Waiting — pending, but nothing will dispatch it now: provider paused or cooling down,
-  retry backoff not elapsed, no usable provider, or no live worker to take it (a runner
-  kind such as ComfyUI: no live queue service);
-- Queued — pending and dispatchable, waiting for a slot;
-- Running — processing without a remote task id under a live lease;
-- Stalled — processing without a task id whose lease expired (healing returns it);
-- Detached — processing with a remote task id; it keeps its slot while polled;
-- Cancelled — failed because a user cancelled it (its reason code, not its text).
-
-The job list filters with the SQL side (`condition`), a job row names its state with the
-Python side (`of_job`), and the queue status groups with `processing_state_sql` and reads
-the waiting reason with `waiting_reason`. Keep each pair together when a rule changes;
-tests/test_status.py::test_every_filter_state_counts_what_its_rows_say checks they agree.
-Reads only: callers are the selectors package (the one read home) and nothing else.
+Pending splits into Waiting (paused, cooling down, backoff, no provider, nobody alive to
+take it; with its reason) and Queued; processing into Running, Stalled and Detached;
+failed by a user's cancel reads Cancelled. Keep each SQL/Python pair together when a rule
+changes: tests/test_status.py::test_every_filter_state_counts_what_its_rows_say checks them.
 """
 
 from django.db.models import Case, CharField, Q, Value, When

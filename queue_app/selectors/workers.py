@@ -1,16 +1,10 @@
-"""Who is alive and what each one runs: the workers page's reads.
+"""Who is alive and what each one runs: the workers page's reads, from the database alone
+at a constant number of queries.
 
-From the database alone, at a constant number of queries:
-- live processes: heartbeat rows seen within three heartbeat periods (engine/heartbeats);
-- what runs now: attempts still "running" on processing jobs. An attempt names its
-  process `host:pid` (the qcluster worker process that took the lease); the cluster it
-  belongs to is the live cluster on that host (the heartbeat is the cluster's main
-  process, a different pid), named only when the host has one;
-- recently dead processes (a heartbeat that stopped within DEAD_WINDOW) with what they
-  held: attempts on their host that were still open while they lived and that the recovery
-  scan ended ("interrupted", "lost") or that are still "running", each with what became of
-  its job since (its status now). A host with several clusters cannot tell which one held
-  what; the page says "on this host".
+Live processes are fresh heartbeats. What runs now is the open attempts of processing
+jobs; an attempt names its process `host:pid`, so it is placed under the host's one live
+worker cluster (or "on this host" when there are several). Recently dead processes show
+the attempts on their host that were open while they lived, and what became of each job.
 """
 
 from collections import defaultdict
@@ -69,7 +63,20 @@ def workers_overview(*, user, now=None) -> dict:
     beats = list(Heartbeat.objects.filter(seen_at__gte=now - DEAD_WINDOW).order_by("role", "host", "pid"))
     live = [hb for hb in beats if hb.seen_at >= now - window]
     dead = sorted((hb for hb in beats if hb.seen_at < now - window), key=lambda hb: hb.seen_at, reverse=True)[:DEAD_ROWS]
+    placed, unplaced = _running_by_cluster(user, live, now)
+    held = _held_by_dead(user, dead, now, window)
+    return {
+        "now": now,
+        "live": [_process_row(hb, now, running=placed.get(hb.id, [])) for hb in live],
+        "unplaced": unplaced,
+        "dead": [_process_row(hb, now, held=held.get(hb.id, [])) for hb in dead],
+        "counts": {role: sum(1 for hb in live if hb.role == role) for role in Heartbeat.Role.values},
+    }
 
+
+def _running_by_cluster(user, live: list, now) -> tuple[dict, list]:
+    """({live cluster's heartbeat id: attempt rows}, rows on hosts with no or several live
+    clusters): what each live worker cluster runs now."""
     clusters_by_host = defaultdict(list)
     for hb in live:
         if hb.role == Heartbeat.Role.WORKER:
@@ -84,46 +91,49 @@ def workers_overview(*, user, now=None) -> dict:
             placed[clusters[0].id].append(row)
         else:
             unplaced.append(row)
+    return placed, unplaced
 
+
+def _held_by_dead(user, dead: list, now, window: timedelta) -> dict:
+    """{dead process's heartbeat id: attempt rows} of the attempts on its host that were
+    open while it lived (one query for every dead process)."""
     held: dict = defaultdict(list)
-    if dead:
-        earliest = min(hb.started_at for hb in dead)
-        on_hosts = Q()
-        for host in {hb.host for hb in dead}:
-            on_hosts |= Q(worker__startswith=f"{host}:")
-        attempts = (
-            _attempts(user)
-            .filter(on_hosts, started_at__gte=earliest, outcome__in=(Outcome.RUNNING, Outcome.INTERRUPTED, Outcome.LOST))
-            .order_by("-started_at")[:RUNNING_ROWS]
+    if not dead:
+        return held
+    on_hosts = Q()
+    for host in {hb.host for hb in dead}:
+        on_hosts |= Q(worker__startswith=f"{host}:")
+    attempts = (
+        _attempts(user)
+        .filter(
+            on_hosts,
+            started_at__gte=min(hb.started_at for hb in dead),
+            outcome__in=(Outcome.RUNNING, Outcome.INTERRUPTED, Outcome.LOST),
         )
-        for attempt in attempts:
-            for hb in dead:
-                ended = attempt.finished_at or now
-                if (
-                    _host(attempt.worker) == hb.host
-                    and hb.started_at <= attempt.started_at <= hb.seen_at + window
-                    and ended >= hb.seen_at - window
-                ):
-                    held[hb.id].append(_attempt_row(attempt, now))
-                    break
+        .order_by("-started_at")[:RUNNING_ROWS]
+    )
+    for attempt in attempts:
+        ended = attempt.finished_at or now
+        for hb in dead:
+            if (
+                _host(attempt.worker) == hb.host
+                and hb.started_at <= attempt.started_at <= hb.seen_at + window
+                and ended >= hb.seen_at - window
+            ):
+                held[hb.id].append(_attempt_row(attempt, now))
+                break
+    return held
 
-    def process(hb, **extra):
-        return {
-            "name": hb.name,
-            "role": hb.role,
-            "host": hb.host,
-            "pid": hb.pid,
-            "started_at": hb.started_at,
-            "seen_at": hb.seen_at,
-            "seen_seconds_ago": (now - hb.seen_at).total_seconds(),
-            "up_seconds": (hb.seen_at - hb.started_at).total_seconds(),
-            **extra,
-        }
 
+def _process_row(hb: Heartbeat, now, **extra) -> dict:
     return {
-        "now": now,
-        "live": [process(hb, running=placed.get(hb.id, [])) for hb in live],
-        "unplaced": unplaced,
-        "dead": [process(hb, held=held.get(hb.id, [])) for hb in dead],
-        "counts": {role: sum(1 for hb in live if hb.role == role) for role in Heartbeat.Role.values},
+        "name": hb.name,
+        "role": hb.role,
+        "host": hb.host,
+        "pid": hb.pid,
+        "started_at": hb.started_at,
+        "seen_at": hb.seen_at,
+        "seen_seconds_ago": (now - hb.seen_at).total_seconds(),
+        "up_seconds": (hb.seen_at - hb.started_at).total_seconds(),
+        **extra,
     }

@@ -1,19 +1,11 @@
-"""The MCP endpoint: Streamable HTTP transport, JSON-RPC 2.0, at /mcp.
+"""The MCP endpoint at /mcp: Streamable HTTP, JSON-RPC 2.0, the personal API token.
 
-A small view rather than the `mcp` package: the tools (queue_app.web.mcp_tools) are calls
-of the same selectors and services as the JSON API, and the transport needs only POST
-with JSON answers (the specification lets a server answer a request with
-application/json instead of an SSE stream; GET, for a server-initiated stream, and
-DELETE, for sessions we do not keep, answer 405). Authenticated by the personal API
-token (`Authorization: Bearer rsq_…`), like the JSON API.
-
-The transport follows the specification (2025-06-18, and 2025-11-25 is offered):
-- every failure is a JSON-RPC error in a JSON body, never an HTML or text page;
-- `Origin`, when sent, must be this host or one of MCP_ALLOWED_ORIGINS (DNS rebinding);
-- an unsupported `MCP-Protocol-Version` header answers 400;
-- a posted response or notification answers 202 with no body; an empty batch is an error;
-- 401 carries `WWW-Authenticate: Bearer resource_metadata=…`, which points at
-  /.well-known/oauth-protected-resource (RFC 9728) so clients stop looking for OAuth.
+A small view rather than the `mcp` package: the tools (mcp_tools.py) call the same
+selectors and services as the JSON API, and the transport needs only POST with JSON
+answers (GET and DELETE answer 405). It follows the specification (2025-06-18, with
+2025-11-25 offered): every failure is a JSON-RPC error, an `Origin` must be ours or
+allowed (DNS rebinding), an unknown `MCP-Protocol-Version` answers 400, a posted
+notification 202, and a 401 points at /.well-known/oauth-protected-resource (RFC 9728).
 """
 
 import asyncio

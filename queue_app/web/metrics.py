@@ -43,6 +43,21 @@ PROVIDER_GAUGES = (
 )
 
 
+# (metric name, help) of the per-provider gauges that are not a plain queue_status count.
+PROVIDER_EXTRAS = {
+    "oldest": ("rsq_provider_oldest_queued_age_seconds", "Age of the oldest dispatchable job (0 when none)"),
+    "paused": ("rsq_provider_paused", "1 when the provider is paused"),
+    "cooling": ("rsq_provider_cooling_down", "1 while the provider cools down after a 429"),
+    "behind": (
+        "rsq_provider_polling_behind_tasks",
+        "Detached tasks the provider's status budget or late checks leave unchecked within their cadence",
+    ),
+    "cycle": ("rsq_provider_poll_cycle_seconds", "Seconds one round of status checks of every detached task takes (0 when none)"),
+    "budget": ("rsq_provider_status_budget_per_minute", "Status requests a minute the poller may send (0: no detached task)"),
+}
+PROVIDER_LABELS = ["provider_id", "provider", "family"]
+
+
 class QueueCollector(Collector):
     def __init__(self, *, now=None):
         self.now = now
@@ -50,75 +65,65 @@ class QueueCollector(Collector):
     def collect(self):
         now = self.now or timezone.now()
         status = queue_status(user=EVERYONE, breakdown="providers", now=now)
-        alerts = selectors_history.provider_alerts(status, now=now)
-        labels = ["provider_id", "provider", "family"]
-        gauges = {
-            key: GaugeMetricFamily(f"rsq_provider_{suffix}", help_text, labels=labels)
-            for suffix, key, help_text in PROVIDER_GAUGES
-        }
-        oldest = GaugeMetricFamily(
-            "rsq_provider_oldest_queued_age_seconds", "Age of the oldest dispatchable job (0 when none)", labels=labels
-        )
-        paused = GaugeMetricFamily("rsq_provider_paused", "1 when the provider is paused", labels=labels)
-        cooling = GaugeMetricFamily("rsq_provider_cooling_down", "1 while the provider cools down after a 429", labels=labels)
-        behind = GaugeMetricFamily(
-            "rsq_provider_polling_behind_tasks",
-            "Detached tasks the provider's status budget or late checks leave unchecked within their cadence",
-            labels=labels,
-        )
-        cycle = GaugeMetricFamily(
-            "rsq_provider_poll_cycle_seconds",
-            "Seconds one round of status checks of every detached task takes (0 when none)",
-            labels=labels,
-        )
-        budget = GaugeMetricFamily(
-            "rsq_provider_status_budget_per_minute",
-            "Status requests a minute the poller may send (0: no detached task)",
-            labels=labels,
-        )
-        alert = GaugeMetricFamily(
-            "rsq_provider_alert",
-            "1 when the alert is raised: wait (oldest job over ALERT_WAIT_SECONDS), failure_rate (5 min), no_worker",
-            labels=[*labels, "alert"],
-        )
-        for row in status["providers"]:
-            values = [str(row["id"]), row["name"], row["family"]]
-            for key, gauge in gauges.items():
-                gauge.add_metric(values, row[key])
-            oldest.add_metric(values, row["oldest_queued_age_seconds"] or 0)
-            paused.add_metric(values, 1 if row["paused"] else 0)
-            cooling.add_metric(values, 1 if row["cooling_down_until"] else 0)
-            behind.add_metric(values, row["polling_behind"])
-            cycle.add_metric(values, row["poll_cycle_seconds"] or 0)
-            budget.add_metric(values, row["poll_budget_per_minute"] or 0)
-            raised = {a["kind"] for a in alerts.get(row["id"], [])}
-            for kind in selectors_history.ALERT_KINDS:
-                alert.add_metric([*values, kind], 1 if kind in raised else 0)
-        yield from gauges.values()
-        yield from (oldest, paused, cooling, behind, cycle, budget, alert)
+        yield from provider_metrics(status, selectors_history.provider_alerts(status, now=now))
+        yield from queue_metrics(status)
+        yield from history_metrics()
 
-        totals = GaugeMetricFamily("rsq_jobs", "Jobs in the queue by derived state (whole installation)", labels=["state"])
-        for key in COUNT_KEYS:
-            totals.add_metric([key], status["totals"][key])
-        yield totals
 
-        processes = GaugeMetricFamily("rsq_live_processes", "Processes with a fresh heartbeat, by role", labels=["role"])
-        processes.add_metric([Heartbeat.Role.WORKER.value], status["liveness"]["workers"])
-        processes.add_metric([Heartbeat.Role.QUEUE_SERVICE.value], status["liveness"]["queue_services"])
-        yield processes
+def provider_metrics(status: dict, alerts: dict):
+    """One gauge family per provider number (slots, counts, cool-down, polling, alerts)."""
+    gauges = {
+        key: GaugeMetricFamily(f"rsq_provider_{suffix}", help_text, labels=PROVIDER_LABELS)
+        for suffix, key, help_text in PROVIDER_GAUGES
+    }
+    extras = {
+        key: GaugeMetricFamily(name, help_text, labels=PROVIDER_LABELS) for key, (name, help_text) in PROVIDER_EXTRAS.items()
+    }
+    alert = GaugeMetricFamily(
+        "rsq_provider_alert",
+        "1 when the alert is raised: wait (oldest job over ALERT_WAIT_SECONDS), failure_rate (5 min), no_worker",
+        labels=[*PROVIDER_LABELS, "alert"],
+    )
+    for row in status["providers"]:
+        values = [str(row["id"]), row["name"], row["family"]]
+        for key, gauge in gauges.items():
+            gauge.add_metric(values, row[key])
+        extras["oldest"].add_metric(values, row["oldest_queued_age_seconds"] or 0)
+        extras["paused"].add_metric(values, 1 if row["paused"] else 0)
+        extras["cooling"].add_metric(values, 1 if row["cooling_down_until"] else 0)
+        extras["behind"].add_metric(values, row["polling_behind"])
+        extras["cycle"].add_metric(values, row["poll_cycle_seconds"] or 0)
+        extras["budget"].add_metric(values, row["poll_budget_per_minute"] or 0)
+        raised = {a["kind"] for a in alerts.get(row["id"], [])}
+        for kind in selectors_history.ALERT_KINDS:
+            alert.add_metric([*values, kind], 1 if kind in raised else 0)
+    return [*gauges.values(), *extras.values(), alert]
 
-        attempts = CounterMetricFamily("rsq_attempts", "Attempts by outcome (the attempt log)", labels=["outcome"])
-        for outcome, n in selectors_history.attempt_outcomes().items():
-            attempts.add_metric([outcome], n)
-        yield attempts
 
-        for kind, name, help_text in (
-            ("wait", "rsq_job_queue_wait_seconds", "From queued to a worker taking the job's first attempt"),
-            ("run", "rsq_attempt_run_seconds", "From an attempt's start to its end"),
-        ):
-            histogram = selectors_history.duration_histogram(kind)
-            buckets = [(_bound(b), n) for b, n in histogram["buckets"]] + [("+Inf", histogram["count"])]
-            yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram["sum"])
+def queue_metrics(status: dict):
+    """The whole installation's jobs by derived state, and its live processes by role."""
+    totals = GaugeMetricFamily("rsq_jobs", "Jobs in the queue by derived state (whole installation)", labels=["state"])
+    for key in COUNT_KEYS:
+        totals.add_metric([key], status["totals"][key])
+    processes = GaugeMetricFamily("rsq_live_processes", "Processes with a fresh heartbeat, by role", labels=["role"])
+    processes.add_metric([Heartbeat.Role.WORKER.value], status["liveness"]["workers"])
+    processes.add_metric([Heartbeat.Role.QUEUE_SERVICE.value], status["liveness"]["queue_services"])
+    return [totals, processes]
+
+
+def history_metrics():
+    """From the attempt log: attempts by outcome, queue wait and run time histograms."""
+    attempts = CounterMetricFamily("rsq_attempts", "Attempts by outcome (the attempt log)", labels=["outcome"])
+    for outcome, n in selectors_history.attempt_outcomes().items():
+        attempts.add_metric([outcome], n)
+    yield attempts
+    for kind, name, help_text in (
+        ("wait", "rsq_job_queue_wait_seconds", "From queued to a worker taking the job's first attempt"),
+        ("run", "rsq_attempt_run_seconds", "From an attempt's start to its end"),
+    ):
+        histogram = selectors_history.duration_histogram(kind)
+        buckets = [(_bound(b), n) for b, n in histogram["buckets"]] + [("+Inf", histogram["count"])]
+        yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram["sum"])
 
 
 def _bound(value) -> str:

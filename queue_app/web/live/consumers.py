@@ -1,19 +1,10 @@
-"""The per-project live-event socket: /ws/projects/<id>/.
+"""The per-project live-event socket, /ws/projects/<id>/: only the owner (or staff) joins.
 
-Only the project's owner (or staff) may subscribe; anyone else is refused during the
-handshake and never joins the group. Every message names the project, the job, the new
-status and the project's sequence number. The consumer keeps the last sequence number it
-sent and guarantees the client a gap-free, duplicate-free stream:
-
-- a broadcast event it already sent is dropped (the relay and the direct broadcast may
-  both deliver it);
-- an event past a gap (a dropped message, or a broadcast that overtook another) makes it
-  read the missing rows from the database first;
-- a `project.advance` from the relay (relay.py) makes it read what it has not sent yet.
-
-A client that reconnects passes `?after=<last seq it saw>` (or sends
-{"type": "resume", "after": n}) and gets what it missed — or {"type": "resync"} when the
-rows are gone (pruned after a day) or too many, and then reloads its state.
+It sends each event once and in sequence order, so a client never misses or repeats
+one: a broadcast it already sent is dropped, an event past a gap (or the relay's
+`project.advance`) makes it read the missing rows from the database first. A client that
+reconnects passes `?after=<last seq>` (or sends {"type": "resume", "after": n}) and gets
+what it missed, or {"type": "resync"} when those rows are gone or too many.
 """
 
 import json
