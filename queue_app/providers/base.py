@@ -16,8 +16,7 @@ An adapter module exposes:
                                # raises on a refusal, which the caller only logs
 
 and raises PermanentError, TransientError or AmbiguousError. Adapters know nothing of
-Django models, views or the queue's internals: they get a ResolvedJob, return outputs or
-a task id.
+Django or the queue: a ResolvedJob in, outputs or a task id out.
 """
 
 from dataclasses import dataclass, field

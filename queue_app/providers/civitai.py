@@ -1,5 +1,5 @@
 """Civitai Orchestration (v2 workflows): asynchronous, usually done within seconds, so a
-detached Civitai job is checked every 5 s (the other families every 30 s).
+detached Civitai job is checked every 5 s.
 
 Shapes: ../shared/providers/civitai.md. Quirks handled here:
 - one `imageGen` step per job (`engine`/`ecosystem` from the model's AIR or the draft's
@@ -12,8 +12,7 @@ Shapes: ../shared/providers/civitai.md. Quirks handled here:
 - a failed step's `jobs[].reason`: `blocked` is moderation (permanent), `canceled` is
   permanent, `no_provider_available`, `timeout`, `expired` or no reason are worth a
   fresh submission;
-- outputs are signed, expiring blob URLs: the output writer downloads them right away,
-  and a collection re-reads the workflow for fresh URLs.
+- outputs are signed, expiring URLs: downloaded at once, re-read for fresh ones.
 """
 
 import re

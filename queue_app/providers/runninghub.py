@@ -10,8 +10,7 @@ Shapes: ../shared/providers/runninghub.md. Quirks handled here:
   for a loop) and tolerated while polling;
 - moderation words in `errorMessage` are permanent whatever the code says;
 - a submit can already be SUCCESS with its results;
-- `results[]` holds one entry per output file (several images, save nodes, a video and
-  its cover image) — all are kept, in order;
+- `results[]` holds one entry per output file (a video and its cover too): all kept, in order;
 - one host per provider record (the `.cn` and `.ai` keys are not interchangeable).
 """
 
