@@ -11,9 +11,8 @@ An adapter module exposes:
     check_page(cursor, job) -> ({task_id: Running}, next_cursor)  # optional, with
                                # STATUS_BATCH: a list endpoint that reports on many tasks
                                # in one request (Replicate's list of predictions)
-    cancel(task_id: str, job: ResolvedJob) -> None   # optional: stop a remote task where
-                               # the API can (a user's cancel, the processing timeout);
-                               # raises on a refusal, which the caller only logs
+    cancel(task_id: str, job: ResolvedJob) -> None   # optional: stop a remote task (a
+                               # user's cancel, the timeout); a refusal is only logged
 
 and raises PermanentError, TransientError or AmbiguousError. Adapters know nothing of
 Django or the queue: a ResolvedJob in, outputs or a task id out.
