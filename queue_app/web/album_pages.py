@@ -14,7 +14,7 @@ from queue_app.selectors.jobs import album_grouped, album_zip_items
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import album_item_delete
 from queue_app.web import album_zip
-from queue_app.web.pages import own
+from queue_app.web.shortcuts import own
 
 
 @login_required

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import attention_mark_failed, attention_resubmit
 from queue_app.web import monitor
-from queue_app.web.pages import job_ids
+from queue_app.web.shortcuts import job_ids
 
 
 @login_required

@@ -11,8 +11,8 @@ from django.views.decorators.http import require_POST
 from queue_app.models import Job, Project
 from queue_app.selectors.visibility import visible_jobs
 from queue_app.services.jobs import jobs_cancel
-from queue_app.web import api, monitor, pages
-from queue_app.web.pages import job_ids
+from queue_app.web import api, monitor
+from queue_app.web.shortcuts import back_to_project, job_ids, own
 
 
 def _say(request, result: dict) -> None:
@@ -24,20 +24,20 @@ def _say(request, result: dict) -> None:
 @require_POST
 def project_cancel(request, project_id):
     """One row's Cancel (`only`) or the ticked jobs (`job`) of a project."""
-    project = pages.own(Project, request.user, id=project_id)
+    project = own(Project, request.user, id=project_id)
     ids = job_ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
     ids = [str(i) for i in project.jobs.filter(id__in=ids).values_list("id", flat=True)]
     if not ids:
         messages.error(request, "select pending or processing jobs first")
     else:
         _say(request, jobs_cancel(user=project.owner, job_ids=ids))
-    return pages._back_to(project, request)
+    return back_to_project(project, request)
 
 
 @login_required
 @require_POST
 def job_cancel(request, job_id):
-    job = pages.own(Job, request.user, id=job_id)
+    job = own(Job, request.user, id=job_id)
     _say(request, jobs_cancel(user=job.owner, job_ids=[job.id]))
     return redirect("job_detail", job_id=job.id)
 

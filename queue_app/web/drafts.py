@@ -23,7 +23,7 @@ from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST, draft_update, jobs
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import reference_store
 from queue_app.web import album_files
-from queue_app.web.pages import _back_to, _is_uuid, act_on_selected, own
+from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own
 
 PAGE_SIZE = 50
 OPTION_NAMES = ("aspect_ratio", "quality", "resolution", "format", "background", "duration", "sound")
@@ -199,7 +199,7 @@ def drafts_add(request, project_id):
         messages.success(request, f"{created} draft(s) created")
     except ServiceError as error:
         messages.error(request, error.message)
-    response = _back_to(project, request)
+    response = back_to_project(project, request)
     if isinstance(response, JsonResponse):
         # the page clears the prompt only when the drafts were made (and only if the
         # text is still what was sent: what was typed meanwhile stays)
@@ -212,7 +212,7 @@ def selected_drafts(request, project: Project) -> list:
     """The ticked drafts, or every draft of the project when "all N drafts" was chosen."""
     if request.POST.get("all") == "1":
         return list(project_drafts(project).values_list("id", flat=True))
-    return [value for value in request.POST.getlist("job") if _is_uuid(value)]
+    return [value for value in request.POST.getlist("job") if is_uuid(value)]
 
 
 @login_required

@@ -1,6 +1,6 @@
 """The job page: what a job was resolved to, what it produced, every attempt, Retry.
 
-Thin like every page: the lookup is scoped to the signed-in user (`pages.own`), the
+Thin like every page: the lookup is scoped to the signed-in user (`shortcuts.own`), the
 read is `selectors.job_detail`, the retry is `jobs_retry`. `?fragment=1`
 answers the sections alone, which the page's live-update script swaps in.
 """
@@ -18,7 +18,7 @@ from queue_app.selectors import jobs as job_reads
 from queue_app.selectors.queue import runner_health
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_retry
-from queue_app.web.pages import own
+from queue_app.web.shortcuts import own
 
 
 @login_required

@@ -4,8 +4,8 @@ the signed-in user, so another user's project, provider or job answers 404."""
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Case, Count, IntegerField, Value, When
-from django.http import FileResponse, Http404, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import FileResponse, Http404, HttpResponse
+from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
@@ -15,22 +15,16 @@ from queue_app.selectors.job_list import job_row
 from queue_app.selectors.jobs import album_counts
 from queue_app.selectors.projects import storage_summary
 from queue_app.selectors.queue import runner_health
-from queue_app.selectors.visibility import visible_providers, visible_to
+from queue_app.selectors.visibility import visible_providers
 from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_retry, jobs_start
-from queue_app.web import album_files, tokens
+from queue_app.web import album_files, drafts, tokens
+from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
 LAYER_ROLES = ("layer",)
-
-
-def own(model, user, **lookup):
-    """An object the user owns, or 404 — staff see everyone's."""
-    if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
-        raise Http404("not found")  # an id no database column can hold
-    return get_object_or_404(visible_to(user, model), **lookup)
 
 
 # --- Project page -----------------------------------------------------------------------
@@ -71,8 +65,6 @@ def project_context(request, project: Project) -> dict:
     health = runner_health([project.id]) if project.kind == Kind.COMFYUI else {}
     queue = [job_row(job, providers=providers, live=live, now=now, health=health) for job in queue_jobs]
     groups, album_total = album_groups(project)
-    from queue_app.web import drafts  # the drafts section: its list page and the add form's fields
-
     storage = storage_summary(project.owner, project=project)
     return {
         "storage": storage,
@@ -105,21 +97,12 @@ def project_detail(request, project_id):
     return render(request, "queue_app/project_detail.html", context)
 
 
-def _back_to(project, request=None):
-    """Back to the project page — or, for the page's own fetch() calls, the messages as
-    JSON (the page stays put and re-renders its sections)."""
-    if request is not None and request.headers.get("X-Requested-With") == "fetch":
-        notes = [{"level": m.tags, "text": str(m)} for m in messages.get_messages(request)]
-        return JsonResponse({"messages": notes})
-    return redirect("project_detail", project_id=project.id)
-
-
 @login_required
 @require_POST
 def project_start(request, project_id):
     """Start selected drafts (or failed jobs: retry) — or all drafts."""
     project = own(Project, request.user, id=project_id)
-    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
+    ids = [i for i in request.POST.getlist("job") if is_uuid(i)]
     try:
         if request.POST.get("all") == "1":
             result = jobs_start(user=project.owner, project=project, all_drafts=True)
@@ -130,20 +113,7 @@ def project_start(request, project_id):
         messages.success(request, f"{len(result['started'])} job(s) started")
     except ServiceError as error:
         messages.error(request, error.message)
-    return _back_to(project, request)
-
-
-def act_on_selected(request, project: Project, ids: list, *, act, none: str, done: str):
-    """A bulk action on the ticked rows of a project page: `act(ids)` returns how many it
-    did, said as `done.format(n)`; nothing ticked says `none`; a refusal is shown."""
-    if not ids:
-        messages.error(request, none)
-        return _back_to(project, request)
-    try:
-        messages.success(request, done.format(act(ids)))
-    except ServiceError as error:
-        messages.error(request, error.message)
-    return _back_to(project, request)
+    return back_to_project(project, request)
 
 
 @login_required
@@ -155,28 +125,11 @@ def project_retry(request, project_id):
         ids = list(project.jobs.filter(id__in=ids).values_list("id", flat=True))
         return len(jobs_retry(user=project.owner, job_ids=ids)["retried"])
 
-    ids = [i for i in request.POST.getlist("job") if _is_uuid(i)]
+    ids = [i for i in request.POST.getlist("job") if is_uuid(i)]
     return act_on_selected(request, project, ids, act=retry, none="select failed jobs first", done="{} job(s) retried")
 
 
-def _is_uuid(value) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(str(value))
-        return True
-    except ValueError:
-        return False
-
-
-def job_ids(values) -> list[str]:
-    """The job ids among posted values, canonical; anything that is not a UUID is dropped."""
-    import uuid
-
-    return [str(uuid.UUID(str(value))) for value in values if _is_uuid(value)]
-
-
-# --- Providers --------------------------------------------------------------------------
+# --- Album files --------------------------------------------------------------------------
 
 
 @login_required

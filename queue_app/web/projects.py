@@ -15,7 +15,7 @@ from queue_app.services import projects as project_writes
 from queue_app.services.drafts import MAX_PROMPT_CHARS
 from queue_app.services.errors import ServiceError
 from queue_app.services.projects import PROJECT_TEXT_FIELDS, project_create, project_set_archived, project_update
-from queue_app.web.pages import own
+from queue_app.web.shortcuts import own
 
 
 class ProjectForm(forms.Form):

@@ -17,7 +17,7 @@ from queue_app.services import providers as provider_writes
 from queue_app.services.errors import ServiceError
 from queue_app.services.providers import provider_may_change, provider_save, provider_work
 from queue_app.web.forms import ProviderUrlMixin
-from queue_app.web.pages import own
+from queue_app.web.shortcuts import own
 
 
 class ProviderForm(ProviderUrlMixin, forms.Form):

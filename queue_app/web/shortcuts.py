@@ -1,0 +1,54 @@
+"""What the pages do the same way: find the user's own object (404 otherwise), read posted
+job ids, and answer back to the project page (a redirect, or JSON for the page's fetch)."""
+
+import uuid
+
+from django.contrib import messages
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, redirect
+
+from queue_app.models import Project
+from queue_app.selectors.visibility import visible_to
+from queue_app.services.errors import ServiceError
+
+
+def own(model, user, **lookup):
+    """An object the user owns, or 404 — staff see everyone's."""
+    if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
+        raise Http404("not found")  # an id no database column can hold
+    return get_object_or_404(visible_to(user, model), **lookup)
+
+
+def is_uuid(value) -> bool:
+    try:
+        uuid.UUID(str(value))
+        return True
+    except ValueError:
+        return False
+
+
+def job_ids(values) -> list[str]:
+    """The job ids among posted values, canonical; anything that is not a UUID is dropped."""
+    return [str(uuid.UUID(str(value))) for value in values if is_uuid(value)]
+
+
+def back_to_project(project: Project, request=None):
+    """Back to the project page — or, for the page's own fetch() calls, the messages as
+    JSON (the page stays put and re-renders its sections)."""
+    if request is not None and request.headers.get("X-Requested-With") == "fetch":
+        notes = [{"level": m.tags, "text": str(m)} for m in messages.get_messages(request)]
+        return JsonResponse({"messages": notes})
+    return redirect("project_detail", project_id=project.id)
+
+
+def act_on_selected(request, project: Project, ids: list, *, act, none: str, done: str):
+    """A bulk action on the ticked rows of a project page: `act(ids)` returns how many it
+    did, said as `done.format(n)`; nothing ticked says `none`; a refusal is shown."""
+    if not ids:
+        messages.error(request, none)
+        return back_to_project(project, request)
+    try:
+        messages.success(request, done.format(act(ids)))
+    except ServiceError as error:
+        messages.error(request, error.message)
+    return back_to_project(project, request)
