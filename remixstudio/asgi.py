@@ -7,13 +7,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "remixstudio.settings")
 # Django must be set up before the consumers are imported.
 django_asgi_app = get_asgi_application()
 
-from django.conf import settings  # noqa: E402
-
-if settings.DEBUG:
-    # Development only: production serves STATIC_ROOT from the reverse proxy.
-    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-
-    django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
+# Static files are served by WhiteNoise's middleware (settings.MIDDLEWARE), in every mode.
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -68,6 +68,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the application itself on every server (make run, the tests' daphne,
+    # production); a proxy in front may serve STATIC_ROOT instead. Second, as WhiteNoise asks.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -223,6 +226,11 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 STATIC_URL = "/static/"
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", VAR_DIR / "static"))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise reads it at start (empty until collectstatic)
+# WhiteNoise also serves the apps' own static folders (found at start), so a checkout
+# serves them without collectstatic; with DEBUG an edited file is served without a restart.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 MEDIA_URL = "/media/"
 MEDIA_ROOT = Path(os.getenv("MEDIA_ROOT", VAR_DIR / "media"))
 # Below this much free space on the media disk no job is sent to its provider: a result

@@ -173,7 +173,9 @@ def test_the_job_page_follows_its_job_live_without_a_reload(owner, project, tmp_
             page.evaluate("window.__sameDocument = 'yes'")
             # Retried elsewhere (another tab, the API): this page follows over the socket.
             jobs_retry(user=owner, job_ids=[job.id])
+            # the chip changes with the event, the sections once they are read again
             page.wait_for_function("document.querySelector('#job-summary .chip').dataset.status !== 'failed'")
+            page.wait_for_function("!document.querySelector('#job-retry')")
             assert page.evaluate("window.__sameDocument") == "yes"
             assert page.locator("#job-retry").count() == 0 and page.locator("#job-error").count() == 0
             browser.close()
@@ -226,7 +228,7 @@ def test_an_older_fragment_answering_last_does_not_stand_over_the_newer_state(ow
         jobs_cancel(user=owner, job_ids=[job.id])
         # The cancel's event reaches the page; a page that loads again while the first load
         # is in flight sends its second request now (and gets the cancelled state).
-        page.wait_for_function("window.__liveSeen.includes('failed')")
+        page.wait_for_function(f"(window.__liveSeen['{job.id}'] || {{}}).status === 'failed'")
         page.wait_for_timeout(1000)
         route, answer = held[0]
         route.fulfill(response=answer)
