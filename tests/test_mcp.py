@@ -96,3 +96,30 @@ def test_it_needs_the_api_token(client, owner):
 def test_protocol_errors(mcp):
     assert mcp("no/such/method").json()["error"]["code"] == -32601
     assert mcp("tools/call", {"name": "nope"}).json()["error"]["code"] == -32602
+
+
+def test_a_project_has_one_shape_through_the_api_and_mcp(mcp, client, owner, project):
+    """The API and the tools build a project with one selector: the same fields, nested the
+    same way, and each answer fits the schema it declares."""
+    from jsonschema import Draft202012Validator
+
+    from queue_app.web import mcp as mcp_endpoint
+
+    make_drafts(project, 2)
+    client.force_login(owner)
+    api_detail = client.get(f"/api/projects/{project.id}").json()
+    api_row = next(p for p in client.get("/api/projects").json()["projects"] if p["id"] == project.id)
+    mcp_detail = tool(mcp, "get_project", project_id=project.id)["structuredContent"]
+    mcp_row = next(p for p in tool(mcp, "list_projects")["structuredContent"]["projects"] if p["id"] == project.id)
+
+    assert {k: v for k, v in api_detail.items() if k not in ("footprint", "storage")} == mcp_detail
+    assert mcp_detail["counts"]["draft"] == 2 and mcp_detail["defaults"]["aspect_ratio"] == project.aspect_ratio
+    assert api_row == mcp_detail  # the API's list reads the counts too
+    assert mcp_row == {**mcp_detail, "counts": None}  # a page by cursor does not
+    schemas = {t["name"]: t["outputSchema"] for t in mcp_endpoint.TOOLS}
+    Draft202012Validator(schemas["get_project"]).validate(mcp_detail)
+    Draft202012Validator(schemas["get_project"]).validate(api_detail)
+    document = client.get("/api/openapi.json").json()
+    ref = document["paths"]["/api/projects/{project_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    component = document["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+    assert set(component["required"]) == set(api_detail)

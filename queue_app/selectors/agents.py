@@ -1,11 +1,13 @@
-"""The list/get reads the API and MCP page through: projects, providers and job summaries."""
+"""The list/get reads the API and MCP page through: projects (in the one shape,
+projects.project_json), providers and job summaries."""
 
 from django.db.models import Count
 from django.utils import timezone
 
 from queue_app.engine import heartbeats
-from queue_app.models import Job, Project, Provider, Status
+from queue_app.models import Job, Provider, Status
 from queue_app.selectors.job_list import job_row
+from queue_app.selectors.projects import project_counts, project_json
 from queue_app.selectors.visibility import visible_jobs, visible_projects, visible_providers
 
 
@@ -30,26 +32,10 @@ def provider_json(provider: Provider) -> dict:
     }
 
 
-def _project_row(project: Project) -> dict:
-    return {
-        "id": project.id,
-        "name": project.name,
-        "kind": project.kind,
-        "provider_id": project.provider_id,
-        "model": project.model,
-        "aspect_ratio": project.aspect_ratio,
-        "quality": project.quality,
-        "resolution": project.resolution,
-        "format": project.format,
-        "duration": project.duration,
-        "created_at": project.created_at.isoformat(),
-    }
-
-
 def projects_after(*, user, after_id: int = 0, limit: int = 50) -> dict:
     """One page of projects by id (keyset: the cost is the page, never the offset)."""
     rows = list(visible_projects(user).filter(id__gt=after_id).order_by("id")[: limit + 1])
-    page = [_project_row(project) for project in rows[:limit]]
+    page = [project_json(project) for project in rows[:limit]]
     return {"projects": page, "next_after": page[-1]["id"] if len(rows) > limit else None}
 
 
@@ -58,8 +44,7 @@ def project_detail(*, user, project_id: int) -> dict | None:
     project = visible_projects(user).filter(id=project_id).first()
     if project is None:
         return None
-    counts = dict(Job.objects.filter(project=project).values_list("status").annotate(n=Count("id")).order_by())
-    return {**_project_row(project), "jobs": {status: counts.get(status, 0) for status in Status.values}}
+    return project_json(project, counts=project_counts(project))
 
 
 def providers_after(*, user, after_id: int = 0, limit: int = 50) -> dict:

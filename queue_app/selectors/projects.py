@@ -38,7 +38,24 @@ def project_footprint(project: Project) -> dict:
     }
 
 
-def project_json(project: Project) -> dict:
+PROJECT_DEFAULTS = (
+    "aspect_ratio",
+    "quality",
+    "resolution",
+    "format",
+    "background",
+    "duration",
+    "sound",
+    "system_prompt",
+    "temperature",
+    "max_tokens",
+)
+
+
+def project_json(project: Project, *, counts: dict | None = None) -> dict:
+    """A project as the JSON API and the MCP tools both show it (agent_schemas.ProjectOut):
+    its settings under "defaults", and "counts" ({status: jobs}, every status) when the
+    caller read them, else null."""
     return {
         "id": project.id,
         "name": project.name,
@@ -46,25 +63,16 @@ def project_json(project: Project) -> dict:
         "provider_id": project.provider_id,
         "model": project.model,
         "archived": project.archived,
-        "defaults": {
-            name: getattr(project, name)
-            for name in (
-                "aspect_ratio",
-                "quality",
-                "resolution",
-                "format",
-                "background",
-                "duration",
-                "sound",
-                "system_prompt",
-                "temperature",
-                "max_tokens",
-            )
-        },
-        "counts": getattr(project, "counts", None),
+        "defaults": {name: getattr(project, name) for name in PROJECT_DEFAULTS},
+        "counts": None if counts is None else {status: counts.get(status, 0) for status in Status.values},
         "created_at": project.created_at.isoformat(),
         "updated_at": project.updated_at.isoformat(),
     }
+
+
+def project_counts(project: Project) -> dict:
+    """{status: jobs} of one project (one grouped query)."""
+    return dict(Job.objects.filter(project=project).values_list("status").annotate(n=Count("id")).order_by())
 
 
 def storage_summary(user, *, project: Project | None = None) -> dict:

@@ -72,12 +72,34 @@ class QueueStatusOut(Output):
     totals: dict = Field(description="pending, processing, failed, queued, waiting, running, stalled, detached, slots")
 
 
+class ProjectDefaults(Output):
+    """The settings a project's new drafts start from ("" or null: the model's default)."""
+
+    aspect_ratio: str
+    quality: str
+    resolution: str
+    format: str
+    background: str
+    duration: int | None
+    sound: str
+    system_prompt: str
+    temperature: float | None
+    max_tokens: int | None
+
+
 class ProjectOut(Output):
+    """A project, the same from the JSON API and the MCP tools (selectors.projects.project_json)."""
+
     id: int
     name: str
     kind: str
     provider_id: int | None
     model: str
+    archived: bool
+    defaults: ProjectDefaults
+    counts: dict[str, int] | None = Field(description="jobs per status, every status; null where a list does not read them")
+    created_at: str
+    updated_at: str
 
 
 class ProjectPage(Output):
@@ -85,8 +107,17 @@ class ProjectPage(Output):
     nextCursor: str | None = Field(None, description="pass as cursor for the next page; absent on the last")
 
 
+class ProjectList(Output):
+    projects: list[ProjectOut]
+
+
 class ProjectDetail(ProjectOut):
-    jobs: dict[str, int] = Field(description="job counts per status")
+    counts: dict[str, int] = Field(description="jobs per status, every status")
+
+
+class ProjectView(ProjectDetail):
+    footprint: dict[str, int] = Field(description="what deleting the project removes: jobs, active jobs, album items, bytes")
+    storage: dict = Field(description="the owner's album usage and what starting the drafts would reserve")
 
 
 class ProviderOut(Output):

@@ -13,13 +13,13 @@ import inspect
 from queue_app.models import Project, Provider
 from queue_app.providers import keycheck
 from queue_app.selectors.agents import provider_json
-from queue_app.selectors.projects import own_projects, project_footprint, project_json, storage_summary
+from queue_app.selectors.projects import own_projects, project_counts, project_footprint, project_json, storage_summary
 from queue_app.selectors.visibility import provider_visible
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.projects import project_create, project_delete, project_set_archived, project_update
 from queue_app.services.providers import provider_delete, provider_save, provider_work
-from queue_app.web import api
+from queue_app.web import api, schemas
 from queue_app.web.api import answer, endpoint, visible_project
 
 ARCHIVED = {"false": False, "true": True, "all": None}
@@ -28,11 +28,9 @@ ARCHIVED = {"false": False, "true": True, "all": None}
 @endpoint("GET", "POST")
 def projects_view(request, body):
     if request.method == "GET":
-        archived = request.GET.get("archived", "false")
-        if archived not in ARCHIVED:
-            raise ServiceError("archived must be true, false or all")
-        projects = own_projects(request.user, archived=ARCHIVED[archived])
-        return answer({"projects": [project_json(project) for project in projects]})
+        query = schemas.validate_query(schemas.ProjectsQuery, request.GET)
+        projects = own_projects(request.user, archived=ARCHIVED[query.archived])
+        return answer({"projects": [project_json(project, counts=project.counts) for project in projects]})
     payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
@@ -63,7 +61,7 @@ def project_view(request, body, project_id):
     if request.method == "GET":
         return answer(
             {
-                **project_json(project),
+                **project_json(project, counts=project_counts(project)),
                 "footprint": project_footprint(project),
                 "storage": storage_summary(project.owner, project=project),
             }

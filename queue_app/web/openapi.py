@@ -18,6 +18,8 @@ OPERATIONS = [
     ("/api/queue/status", "get", "queue_status", "Queue totals", None, S.QueueStatusQuery, 200, A.QueueStatusOut),
     ("/api/queue/clear-failed", "post", "clear_failed", "Clear failed jobs", S.FailedScope, None, 200, S.FailedResult),
     ("/api/queue/retry-failed", "post", "retry_failed", "Retry failed jobs", S.FailedScope, None, 200, S.FailedResult),
+    ("/api/projects", "get", "list_projects", "The projects", None, S.ProjectsQuery, 200, A.ProjectList),
+    ("/api/projects/{project_id}", "get", "get_project", "A project", None, None, 200, A.ProjectView),
     ("/api/projects/{project_id}/drafts", "post", "create_drafts", "Create drafts", S.CreateDrafts, None, 201, S.DraftsCreated),
     ("/api/projects/{project_id}/start", "post", "start_jobs", "Start jobs", S.StartJobs, None, 200, S.JobsStarted),
     ("/api/projects/{project_id}/jobs", "get", "project_jobs", "A page of a project's jobs", None, S.ProjectJobsQuery, 200, None),

@@ -307,6 +307,10 @@ class ProviderRow(Output):
 # --- Job lists --------------------------------------------------------------------------
 
 
+class ProjectsQuery(Query):
+    archived: Literal["false", "true", "all"] = Field("false", description="archived projects: hidden, only them, or all")
+
+
 class ProjectJobsQuery(Query):
     status: Literal[JOB_FILTER_STATES] = Field("all", description="which jobs")  # type: ignore[valid-type]
     page: int = Field(1, ge=1, le=10**9)
