@@ -60,11 +60,6 @@ class Listeners:
         if current:
             self._loop.call_soon_threadsafe(current[1].cancel)
 
-    def stop_all(self) -> None:
-        for instance_id in list(self._tasks):
-            self.drop(instance_id)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-
     async def _progress(self, body: dict) -> None:
         """Step progress onto the job, throttled here (no I/O) and written off the loop."""
         if self.on_progress is None:

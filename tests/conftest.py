@@ -85,7 +85,11 @@ def _no_timed_wake_outlives_its_test():
     yield
     from queue_app.engine import dispatch
 
-    dispatch.cancel_timed_wakes()
+    with dispatch._timers_lock:
+        pending = [timer for _, timer in dispatch._timers.values()]
+        dispatch._timers.clear()
+    for timer in pending:
+        timer.cancel()
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,7 @@ from queue_app.selectors.job_list import job_state
 from queue_app.services.jobs import failed_jobs_clear, jobs_cancel, jobs_retry, jobs_start
 from queue_app.web import tokens
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.engine_helpers import poll_once
 from tests.fakes.async_provider import FakeAsyncProvider
 from tests.fakes.comfyui import WORKFLOW, FakeComfyUI, Script
 from tests.fakes.dns import use_fake_dns
@@ -200,7 +201,7 @@ def test_the_processing_timeout_cancels_the_remote_task_too(owner, settings):
     now = timezone.now()
     job = detached(owner, "replicate", task_id="slow1", model="black-forest-labs/flux-schnell", at=now - timedelta(hours=3))
     responses.add(responses.POST, f"{REPLICATE}/slow1/cancel", json=replicate_prediction("canceled", prediction_id="slow1"))
-    assert poller.poll_once(now=now) == 1
+    assert poll_once(now=now) == 1
     job = job_of(job)
     assert job.status == Status.FAILED and job.error_class == "timeout" and job.slot is None
     assert [call.request.url for call in responses.calls] == [f"{REPLICATE}/slow1/cancel"]
@@ -462,7 +463,7 @@ def test_a_finished_task_cancelled_before_its_collector_ran_is_not_collected(own
     finished = replicate_prediction("succeeded", prediction_id="done1", output=["https://replicate.delivery/done1.png"])
     responses.add(responses.GET, f"{REPLICATE}/done1", json=finished)
     responses.add(responses.POST, f"{REPLICATE}/done1/cancel", json=finished)
-    assert poller.poll_once(now=timezone.now()) == 1
+    assert poll_once(now=timezone.now()) == 1
     assert [func for func, _ in inline_tasks.queue] == ["queue_app.tasks.collect_job"]  # handed to a collector
     jobs_cancel(user=owner, job_ids=[job.id])
     inline_tasks.run()  # the collector arrives after the cancel

@@ -15,6 +15,7 @@ from comfy_app.models import ComfyRun
 from comfy_app.runner.instance import client_for
 from queue_app.engine import events
 from queue_app.models import Job, Status
+from tests.engine_helpers import stop_listeners
 from tests.fakes.comfyui import Script
 from tests.test_comfy_runner import comfy_project, done, drive, job_of, start, wait_fake
 from tests.test_comfy_runner import fake as fake  # noqa: F401  (the fixture)
@@ -81,7 +82,7 @@ def test_a_running_prompts_steps_reach_the_job_through_the_instance_socket(owner
         wait_fake(fake, lambda: fake.running is None and fake.runs, timeout=10)
         time.sleep(0.3)
     finally:
-        listeners.stop_all()
+        stop_listeners(listeners)
     # 50 steps over 2.5 s: a write each second or so, and the last value at the end
     assert 2 <= len(stored) <= 5 and stored[-1] == 49 / 50
     assert job_of(job).progress == 49 / 50

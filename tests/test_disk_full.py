@@ -13,9 +13,9 @@ from django.utils import timezone
 from queue_app.engine import backoff, dispatch, outputs
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers import demo
-from queue_app.queue_service import poller
 from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.engine_helpers import poll_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,7 +85,7 @@ def test_a_collected_task_is_collected_again_not_resubmitted_after_the_disk_free
     [job] = make_drafts(project)
     jobs_start(user=owner, project=project, all_drafts=True)
     inline_tasks.run()  # submitted, detached
-    assert poller.poll_once(now=timezone.now() + timedelta(seconds=60)) == 1
+    assert poll_once(now=timezone.now() + timedelta(seconds=60)) == 1
     inline_tasks.run()  # the collection hits the full disk
     job.refresh_from_db()
     assert job.status == Status.PENDING and job.task_id and "media disk is full" in job.error

@@ -131,7 +131,7 @@ def test_a_stale_worker_writes_nothing(owner, project, inline_tasks, settings):
     [(job_id, token)] = inline_tasks.executions()
     # The job is taken from this worker (healed after its lease lapsed) and re-claimed.
     Job.objects.filter(id=job.id).update(lease_expires_at=timezone.now() - timezone.timedelta(seconds=1))
-    assert transitions.job_heal(job.id, reason="test")
+    assert transitions.jobs_heal([job.id], reason="test") == [job.id]
     inline_tasks.run()  # the stale execution runs first: fenced out
     job.refresh_from_db()
     assert job.status == Status.COMPLETED

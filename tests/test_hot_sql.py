@@ -11,6 +11,7 @@ from django.utils import timezone
 from queue_app.engine import dispatch, hot_sql, model_sql, runner_registry
 from queue_app.models import Job, Project, Provider, Status
 from tests.conftest import is_postgres, make_drafts, make_project, make_provider
+from tests.engine_helpers import dispatchable_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,7 +44,7 @@ def test_the_claims_candidates_are_the_orms_rows_in_its_order(owner):
     make_drafts(by_default, 2)  # drafts: not pending
     projects = hot_sql.project_ids(provider.id)
     for limit in (50, 4, 1):
-        orm = list(dispatch.dispatchable_jobs(provider.id).select_related("project")[:limit])
+        orm = list(dispatchable_jobs(provider.id).select_related("project")[:limit])
         with CaptureQueriesContext(connection) as reads:
             written = hot_sql.dispatchable_with_projects(
                 provider.id, projects=projects, excluded_kinds=runner_registry.kinds(), limit=limit, skip_locked=True
@@ -152,7 +153,7 @@ def test_a_claim_passes_the_rows_other_claimers_hold_within_the_head_it_reads(ow
     project = make_project(owner, provider)
     jobs = make_drafts(project, 30)
     pending_now(jobs, at=timezone.now())
-    order = [job.id for job in dispatch.dispatchable_jobs(provider.id)]
+    order = [job.id for job in dispatchable_jobs(provider.id)]
     held, release = threading.Event(), threading.Event()
 
     def other_claimers_hold_the_oldest_twenty():

@@ -20,6 +20,7 @@ from queue_app.queue_service import poller
 from queue_app.web.live import relay
 from remixstudio.asgi import application
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.engine_helpers import flush_broadcasts, poll_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -241,7 +242,7 @@ async def test_a_polled_progress_tick_reaches_open_sockets_without_an_event_row(
     monkeypatch.setattr(poller, "adapter_for", lambda family: Adapter)
     communicator, _, _ = await socket(owner, a.id)
     await communicator.receive_json_from()
-    assert await sync_to_async(poller.poll_once)() == 1
+    assert await sync_to_async(poll_once)() == 1
     [tick] = await events_received(communicator, 1)
     assert (tick["type"], tick["job"], tick["progress"]) == ("progress", str(job.id), 0.25)
     stored = await sync_to_async(lambda: Job.objects.values_list("progress", flat=True).get(id=job.id))()
@@ -262,7 +263,7 @@ def test_events_committed_on_a_worker_thread_reach_a_redis_subscriber_in_order(o
     async_to_sync(layer.group_add)(events.group_name(project.id), channel)
     for seq in range(1, 6):
         events.broadcast([ProjectEvent(project_id=project.id, seq=seq, kind="job.claimed", status="processing", payload={})])
-    assert events.flush_broadcasts(timeout=5)
+    assert flush_broadcasts(timeout=5)
 
     async def take(n):
         seqs = []

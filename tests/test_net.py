@@ -5,6 +5,7 @@ import requests
 import responses
 
 from queue_app.providers import addresses, net
+from tests.engine_helpers import stop_listeners
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.fakes.dns import use_fake_dns
 
@@ -242,7 +243,7 @@ def _listen_briefly(base_url: str, seconds: float = 2.0) -> None:
         listeners.ensure(1, base_url, "client-1", comfy.ComfyClient(base_url))
         time.sleep(seconds)
     finally:
-        listeners.stop_all()
+        stop_listeners(listeners)
 
 
 def test_the_comfyui_socket_does_not_follow_a_redirect_to_an_unchecked_address(settings):

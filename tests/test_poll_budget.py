@@ -19,6 +19,7 @@ from queue_app.providers.options import clean_options
 from queue_app.queue_service import poll_batch, poller
 from queue_app.selectors.queue import queue_status
 from queue_app.web.metrics import EVERYONE
+from tests.engine_helpers import inflight
 from tests.factories import make_drafts, make_project, make_provider
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import replicate_prediction
@@ -224,7 +225,7 @@ def test_what_a_list_leaves_is_checked_when_the_list_returns_before_its_step_end
         if not waited:  # the first step's claim; the refills' claims go straight on
             waited.append(True)
             deadline = time.monotonic() + 10
-            while (pool.inflight() or not any(pool._leftovers.values())) and time.monotonic() < deadline:
+            while (inflight(pool) or not any(pool._leftovers.values())) and time.monotonic() < deadline:
                 time.sleep(0.01)
         return claim_due(**kwargs)
 

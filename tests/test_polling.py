@@ -23,6 +23,7 @@ from queue_app.queue_service.loop import QueueService
 from queue_app.services.jobs import failed_jobs_clear, jobs_retry, jobs_start
 from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.engine_helpers import inflight, poll_once
 from tests.fakes.async_provider import FakeAsyncProvider, png
 from tests.fakes.dns import use_fake_dns
 from tests.fakes.provider_shapes import civitai_workflow, replicate_prediction, rh_result, rh_task
@@ -91,11 +92,11 @@ def test_a_detached_job_keeps_its_slot_and_is_polled_every_30_seconds(owner, inl
     assert JobAttempt.objects.get(job=job).task_id == "T30"
     t0 = job.task_observed_at
     assert job.next_poll_at == t0 + timedelta(seconds=30)
-    assert poller.poll_once(now=t0 + timedelta(seconds=29)) == 0
-    assert poller.poll_once(now=t0 + timedelta(seconds=30)) == 1
+    assert poll_once(now=t0 + timedelta(seconds=29)) == 0
+    assert poll_once(now=t0 + timedelta(seconds=30)) == 1
     job.refresh_from_db()
     assert job.next_poll_at == t0 + timedelta(seconds=60) and job.poll_claimed_until is None
-    assert poller.poll_once(now=t0 + timedelta(seconds=59)) == 0
+    assert poll_once(now=t0 + timedelta(seconds=59)) == 0
     assert len([c for c in responses.calls if c.request.url == RH_QUERY]) == 1
 
 
@@ -150,12 +151,12 @@ def test_a_slow_provider_does_not_delay_the_others(owner, monkeypatch):
         assert pool.step() == 2
         deadline = time.monotonic() + 20
         # the fast check's result is written before its thread counts itself done
-        while time.monotonic() < deadline and (Job.objects.get(id=fast.id).progress != 0.5 or pool.inflight() != 1):
+        while time.monotonic() < deadline and (Job.objects.get(id=fast.id).progress != 0.5 or inflight(pool) != 1):
             time.sleep(0.05)
         fast.refresh_from_db()
         slow.refresh_from_db()
         assert fast.progress == 0.5 and fast.poll_claimed_until is None  # applied while the slow one hangs
-        assert slow.poll_claimed_until is not None and pool.inflight() == 1
+        assert slow.poll_claimed_until is not None and inflight(pool) == 1
     finally:
         release.set()
         pool.wait(timeout=30)
@@ -234,7 +235,7 @@ def test_a_layered_result_becomes_a_base_and_16_layers_and_a_retry_overwrites_wi
     job = started(owner, "demo", "demo-layers", inline_tasks, mode="async")
     Job.objects.filter(id=job.id).update(params={"layers": 16})
     Job.objects.filter(id=job.id).update(resolved={**job.resolved, "params": {"layers": 16}})
-    assert job.task_id and poller.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
+    assert job.task_id and poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
     inline_tasks.run()  # the collection
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and job.slot is None
@@ -248,7 +249,7 @@ def test_a_layered_result_becomes_a_base_and_16_layers_and_a_retry_overwrites_wi
     Job.objects.filter(id=job.id).update(status=Status.FAILED, task_id="", params={"layers": 5})
     jobs_retry(user=owner, job_ids=[job.id])
     inline_tasks.run()
-    assert poller.poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
+    assert poll_once(now=timezone.now() + timedelta(seconds=5)) == 1
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.COMPLETED
@@ -266,7 +267,7 @@ def test_a_task_without_a_result_fails_after_the_processing_timeout_with_a_reada
     now = timezone.now()
     stuck = detached(owner, "demo", task_id="demo:x:99999999999999", at=now - timedelta(hours=2, seconds=1))
     within = detached(owner, "demo", task_id="demo:y:99999999999999", at=now - timedelta(hours=1, minutes=59))
-    assert poller.poll_once(now=now) == 2
+    assert poll_once(now=now) == 2
     stuck.refresh_from_db()
     within.refresh_from_db()
     assert stuck.status == Status.FAILED and stuck.error_class == "timeout" and stuck.slot is None
@@ -283,7 +284,7 @@ def test_the_recovery_scan_restarts_the_timeout_window(owner):
     recovery.recover()
     job.refresh_from_db()
     assert job.task_observed_at >= now and job.next_poll_at <= timezone.now()
-    assert poller.poll_once(now=timezone.now()) == 1
+    assert poll_once(now=timezone.now()) == 1
     job.refresh_from_db()
     assert job.status == Status.PROCESSING  # still running, no longer over the limit
 
@@ -305,7 +306,7 @@ def test_transient_poll_errors_do_not_fail_the_task(owner, inline_tasks):
     for n, answer in enumerate(answers):
         responses.replace(responses.POST, RH_QUERY, **answer) if n else responses.add(responses.POST, RH_QUERY, **answer)
         now += timedelta(seconds=31)
-        assert poller.poll_once(now=now) == 1
+        assert poll_once(now=now) == 1
         job.refresh_from_db()
         if n < 3:
             assert job.status == Status.PROCESSING and job.poll_failures == n + 1
@@ -319,7 +320,7 @@ def test_transient_poll_errors_do_not_fail_the_task(owner, inline_tasks):
 def test_a_remote_404_for_a_known_task_is_a_dead_task(owner, inline_tasks):
     job = detached(owner, "replicate", task_id="gone1", model="black-forest-labs/flux-schnell")
     responses.add(responses.GET, "https://api.replicate.com/v1/predictions/gone1", status=404, json={"detail": "Not found."})
-    assert poller.poll_once(now=timezone.now()) == 1
+    assert poll_once(now=timezone.now()) == 1
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_class == "permanent" and "404" in job.error and job.task_id == ""
 
@@ -329,7 +330,7 @@ def test_a_rejected_key_while_polling_pauses_the_provider_and_keeps_the_task(own
     job = detached(owner, "replicate", task_id="p401", model="black-forest-labs/flux-schnell")
     url = "https://api.replicate.com/v1/predictions/p401"
     responses.add(responses.GET, url, status=401, json={"title": "Unauthenticated", "detail": "Invalid token."})
-    assert poller.poll_once(now=timezone.now()) == 1
+    assert poll_once(now=timezone.now()) == 1
     job.refresh_from_db()
     provider = job.active_provider
     provider.refresh_from_db()
@@ -342,7 +343,7 @@ def test_a_rejected_key_while_polling_pauses_the_provider_and_keeps_the_task(own
         json=replicate_prediction("succeeded", output=["https://replicate.delivery/x.png"], prediction_id="p401"),
     )
     responses.add(responses.GET, "https://replicate.delivery/x.png", body=png(), content_type="image/png")
-    assert poller.poll_once(now=timezone.now() + timedelta(seconds=31)) == 1
+    assert poll_once(now=timezone.now() + timedelta(seconds=31)) == 1
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and AlbumItem.objects.filter(job=job).count() == 1
@@ -356,7 +357,7 @@ def test_a_provider_that_keeps_refusing_checks_fails_the_job_after_three(owner, 
     )
     now = timezone.now()
     for n in range(1, poller.POLL_REFUSALS_TO_FAIL + 1):
-        assert poller.poll_once(now=now) == 1
+        assert poll_once(now=now) == 1
         now += timedelta(seconds=31)
         job.refresh_from_db()
         if n < poller.POLL_REFUSALS_TO_FAIL:
@@ -374,7 +375,7 @@ def test_an_output_url_that_redirects_to_a_private_address_fails_the_job_readabl
     prediction = {"id": "p1", "status": "succeeded", "output": [out]}
     responses.add(responses.GET, "https://api.replicate.com/v1/predictions/p1", json=prediction)
     responses.add(responses.GET, out, status=302, headers={"Location": "https://metadata.example/computeMetadata/v1/"})
-    poller.poll_once(now=timezone.now())
+    poll_once(now=timezone.now())
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_class == "local" and "address not allowed" in job.error
@@ -391,7 +392,7 @@ def test_a_huge_output_is_capped(owner, inline_tasks, settings):
         responses.GET, "https://api.replicate.com/v1/predictions/p2", json={"id": "p2", "status": "succeeded", "output": out}
     )
     responses.add(responses.GET, out, body=b"\0" * 50_000, content_type="image/png")
-    poller.poll_once(now=timezone.now())
+    poll_once(now=timezone.now())
     inline_tasks.run()
     job.refresh_from_db()
     assert job.status == Status.FAILED and "cap" in job.error

@@ -29,11 +29,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from queue_app.engine import dispatch, leases
 from queue_app.models import AlbumItem, Job, ProjectEvent, Provider, Status
-from queue_app.queue_service import poller, recovery
+from queue_app.queue_service import recovery
 from queue_app.services.drafts import jobs_create_drafts
 from queue_app.services.jobs import failed_jobs_clear, failed_scope, jobs_retry, jobs_start
 from queue_app.services.providers import provider_set_concurrency, provider_set_paused
 from tests.conftest import make_project, make_provider, make_user
+from tests.engine_helpers import poll_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -208,7 +209,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule()
     def poll(self):
         self.jobs().filter(status=Status.PROCESSING).exclude(task_id="").update(next_poll_at=timezone.now())
-        poller.poll_once(parallelism=1)
+        poll_once(parallelism=1)
 
     @rule()
     def safety_net(self):

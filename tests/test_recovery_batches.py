@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from queue_app.engine import dispatch, leases, transitions
+from queue_app.engine import leases, transitions
 from queue_app.models import Job, JobAttempt, ProjectEvent, Provider, Status
 from queue_app.queue_service import recovery
 from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.engine_helpers import dispatchable_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,7 +116,7 @@ def test_a_claim_batch_passes_over_a_job_that_left_pending_meanwhile(owner, inli
     project = make_project(owner, provider)
     first, second = make_drafts(project, 2)
     Job.objects.filter(id__in=[first.id, second.id]).update(status=Status.PENDING, queued_at=timezone.now())
-    candidates = list(dispatch.dispatchable_jobs(provider.id).select_related("project"))
+    candidates = list(dispatchable_jobs(provider.id).select_related("project"))
     transitions.jobs_cancel([first.id])  # between the candidates' read and the claim
     claimed = transitions.jobs_claim(
         [(job, slot, {"provider_id": provider.id}) for slot, job in enumerate(candidates)], provider_id=provider.id, owner=""

@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from queue_app.engine import failpoints, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
-from queue_app.queue_service import poller, recovery
+from queue_app.queue_service import recovery
 from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
+from tests.engine_helpers import poll_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,7 +39,7 @@ def _run_to_the_end(job, inline_tasks):
     recovery.heal()
     for _ in range(5):
         inline_tasks.run()
-        poller.poll_once(now=timezone.now() + timedelta(seconds=60))
+        poll_once(now=timezone.now() + timedelta(seconds=60))
         inline_tasks.run()
         if Job.objects.filter(id=job.id, status=Status.COMPLETED).exists():
             break

@@ -33,7 +33,7 @@ def test_transitions_out_of_processing_are_noops_from_any_other_state(owner, pro
     assert transitions.job_fail(job.id, token, reason="x", error_class="local") is False
     assert transitions.job_requeue(job.id, token, reason="x", error_class="transient") is False
     assert transitions.job_detach(job.id, token, task_id="t", poll_seconds=30) is False
-    assert transitions.job_heal(job.id, reason="x") is False
+    assert transitions.jobs_heal([job.id], reason="x") == []
     job.refresh_from_db()
     assert job.status == status and job.task_id == "" and job.error == ""
     assert ProjectEvent.objects.count() == events_before

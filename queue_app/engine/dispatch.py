@@ -68,21 +68,6 @@ def deferred_wakes():
         wake(provider_ids=provider_ids, project_ids=project_ids)
 
 
-def dispatchable_jobs(provider_id: int):
-    """Pending jobs this provider would run now, oldest started first."""
-    # The provider's projects as a list of ids, not a join: PostgreSQL then reads only this
-    # provider's and these projects' pending jobs from their indexes (a BitmapOr) instead
-    # of joining every pending job to its project (83 ms a dispatch at 110,000 pending).
-    projects = hot_sql.project_ids(provider_id)
-    return (
-        Job.objects.filter(status=Status.PENDING)
-        .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project_id__in=projects))
-        .exclude(project__kind__in=runner_registry.kinds())
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
-        .order_by("queued_at", "created_at", "id")
-    )
-
-
 def dispatch(provider_id: int, *, hold_one: bool = False) -> list[tuple]:
     """Claim what fits into the provider's free slots. Returns [(job_id, token)] claimed.
 
@@ -309,17 +294,6 @@ def wake_later(provider_id: int, seconds: float) -> None:
         timer.daemon = True
         _timers[provider_id] = (fire_at, timer)
     timer.start()
-
-
-def cancel_timed_wakes() -> int:
-    """Cancel this process's timed wakes that have not fired (tests: a wake must not fire
-    into the next test's database). Returns how many."""
-    with _timers_lock:
-        pending = [timer for _, timer in _timers.values()]
-        _timers.clear()
-    for timer in pending:
-        timer.cancel()
-    return len(pending)
 
 
 def _wake_on_timer(provider_id: int, fire_at: float) -> None:

@@ -299,10 +299,6 @@ os.register_at_fork(after_in_child=_sender._reset)
 atexit.register(_sender.flush, 2.0)
 
 
-def flush_broadcasts(timeout: float = 5.0) -> bool:
-    return _sender.flush(timeout)
-
-
 def broadcast_progress(project_id: int, job_id, progress: float, detail: str = "") -> None:
     """Progress ticks go to open sockets only; they are not stored as events. `detail`
     says what is progressing (ComfyUI: the node running now)."""

@@ -106,17 +106,6 @@ def insert_attempt(attempt, *, started_before, run_attempts: int):
     return model_sql.insert(attempt, computed={"number": (f"{sql} + %s", [*params, run_attempts])})
 
 
-def album_usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
-    """outputs.usage_bytes and outputs.storage_limit in one statement: the bytes of the
-    user's album items (but the job `excluding_job`'s) and their storage limit."""
-    if excluding_job is None:
-        sql, params = _usage_and_limit_sql("%s", None), [user_id, user_id]
-    else:
-        sql, params = _usage_and_limit_sql("%s", "%s"), [user_id, _param(Job, "id", excluding_job), user_id]
-    [(used, limit)] = model_sql.fetch(f"SELECT {sql}", params)
-    return _usage_and_limit(used, limit)
-
-
 def _usage_and_limit_sql(owner: str, job: str | None) -> str:
     # `owner` and `job`: SQL naming the user and the job left out (a placeholder, or a
     # column of the statement around it).
@@ -186,8 +175,9 @@ def dispatchable_with_projects(
     skip_locked: bool,
     margin: int = 16,
 ) -> list[Job]:
-    """dispatch.dispatchable_jobs(provider_id).select_related("project")[:limit], each job
-    with its project in hand, oldest started first; with `skip_locked`, rows another
+    """The pending jobs this provider would run now (its own, and its projects' that name no
+    provider; due; not a runner's kind), at most `limit`, each with its project in hand,
+    oldest started first; with `skip_locked`, rows another
     transaction holds are passed over (PostgreSQL; SQLite writes one at a time). The claim
     reads these on every handover: built by Django, this statement and its two model
     instances took longer than the rest of the claim.

@@ -1,6 +1,6 @@
 """Leases: which process is executing a processing job, and until when.
 
-A claim writes a fresh lease token (transitions.job_claim); a worker that takes the
+A claim writes a fresh lease token (transitions.jobs_claim); a worker that takes the
 hand-off makes the lease its own (`lease_take`) and keeps it renewed from a side thread
 (`LeaseKeeper`) while it works. None of this changes a job's status — that happens only
 in `transitions` — so a lost lease is learnt from a renewal that matches no row.

@@ -88,19 +88,11 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
     return ids
 
 
-def job_claim(job: Job, *, provider_id: int, slot: int, snapshot: dict, owner: str) -> uuid.UUID | None:
-    """pending → processing, into a free slot of `provider_id`, with the resolved snapshot
-    and a fresh lease. Call inside dispatch's transaction, which holds the provider lock.
-    Returns the lease token, or None when the job was no longer pending."""
-    claimed = jobs_claim([(job, slot, snapshot)], provider_id=provider_id, owner=owner)
-    return claimed[0][1] if claimed else None
-
-
 CLAIM_CHUNK = 500  # jobs per claiming UPDATE: one CASE arm per job and field
 
 
 def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None) -> list[tuple]:
-    """job_claim for many jobs at once: `claims` is [(job, slot, snapshot)]. Each job gets
+    """pending → processing for many jobs at once: `claims` is [(job, slot, snapshot)]. Each job gets
     its own slot, snapshot and lease token in one UPDATE per chunk, one event write per
     project. Call inside dispatch's transaction. Returns [(job_id, token)] that moved, in
     the order given; a job no longer pending (or locked by a canceller) is left out.
@@ -334,22 +326,11 @@ def _lease_gone(dead_owners=()) -> Q:
     return lease_gone | Q(lease_owner__in=list(dead_owners)) if dead_owners else lease_gone
 
 
-def _owners(dead_owner: str | None) -> tuple:
-    return (dead_owner,) if dead_owner else ()
-
-
-def job_heal(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
-    """processing (running, lease expired — or its owner known dead) → pending.
-
-    Only a job without a remote task id: a detached job's remote work still holds
-    provider capacity, so it keeps its slot and is polled instead.
-    """
-    return bool(jobs_heal([job_id], reason=reason, dead_owners=_owners(dead_owner)))
-
-
 def jobs_heal(job_ids, *, reason: str, dead_owners=()) -> list:
-    """job_heal for a batch (the recovery scan, healing): one statement per step, not one
-    compare-and-set per job. Returns the ids that moved."""
+    """processing (running, lease expired, or its owner known dead) → pending, for a batch
+    (the recovery scan, healing): one statement per step, not one compare-and-set per job.
+    Only jobs without a remote task id: a detached job keeps its slot and is polled
+    instead. Returns the ids that moved."""
     return _jobs_leave_stalled(
         job_ids,
         lease_gone=_lease_gone(dead_owners),
@@ -358,12 +339,6 @@ def jobs_heal(job_ids, *, reason: str, dead_owners=()) -> list:
         fields=dict(error=reason, error_class="local"),
         payload={"reason": reason},
     )
-
-
-def job_fail_stalled(job_id, *, reason: str) -> bool:
-    """processing (lease expired, attempts used up) → failed: a job that keeps losing its
-    worker is not tried forever."""
-    return bool(jobs_fail_stalled([job_id], reason=reason))
 
 
 def jobs_fail_stalled(job_ids, *, reason: str, dead_owners=()) -> list:
@@ -375,13 +350,6 @@ def jobs_fail_stalled(job_ids, *, reason: str, dead_owners=()) -> list:
         fields=dict(error=reason, error_class="local", finished_at=timezone.now()),
         payload={"error": reason},
     )
-
-
-def job_hold_stalled(job_id, *, reason: str, dead_owner: str | None = None) -> bool:
-    """processing (its worker gone after it may have submitted) → failed, held for
-    attention (error class "attention"): the provider record chose not to risk paying
-    twice (engine/ambiguous.py). Resubmit is a retry; Mark failed changes the class."""
-    return bool(jobs_hold_stalled([job_id], reason=reason, dead_owners=_owners(dead_owner)))
 
 
 def jobs_hold_stalled(job_ids, *, reason: str, dead_owners=()) -> list:

@@ -162,10 +162,6 @@ class Poller:
         self._batch_idle_until: dict[int, float] = {}
         self._clock = self._timing.get("clock", time.monotonic)
 
-    def inflight(self) -> int:
-        with self._lock:
-            return sum(self._inflight.values())
-
     def spacing(self, provider_id: int) -> budget.Spacing:
         """The budget of one provider record (its rate as last read)."""
         record = self._records.get(provider_id) or {}
@@ -352,22 +348,6 @@ def _batch_size(family: str) -> int:
         return budget.batch_size(family, adapter=adapter_for(family))
     except ProviderError:
         return 1
-
-
-def poll_once(*, now=None, families=None, parallelism: int | None = None) -> int:
-    """One blocking cycle: claim what is due, check it all, return how many were checked.
-    (Tests and one-off runs; the queue service uses a Poller.)"""
-    claimed = claim_due(now=now, families=families)
-    if not claimed:
-        return 0
-    workers = max(1, min(parallelism or settings.POLL_PARALLELISM, len(claimed)))
-    if workers == 1:
-        for job_id, token, _ in claimed:
-            check_job(job_id, token, now=now)
-        return len(claimed)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll") as pool:
-        list(pool.map(lambda item: _check_in_thread(item[0], item[1], now=now, keep_connection=False), claimed))
-    return len(claimed)
 
 
 def _check_in_thread(job_id, token, *, now=None, keep_connection: bool = True, turn=None):

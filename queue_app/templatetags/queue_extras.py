@@ -1,4 +1,4 @@
-"""Small template filters: sizes in MB, field names as labels."""
+"""Small template filters: sizes in MB."""
 
 from django import template
 
@@ -14,9 +14,3 @@ def megabytes(value) -> str:
     except (TypeError, ValueError):
         return "—"
     return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"
-
-
-@register.filter
-def field_label(name) -> str:
-    """ "aspect_ratio" → "Aspect ratio"."""
-    return str(name).replace("_", " ").capitalize()

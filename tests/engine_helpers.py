@@ -1,0 +1,60 @@
+"""Helpers the tests share for driving the engine and the queue service by hand. Product
+modules keep no code only tests call: what a test needs beyond the product's own calls
+lives here."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from queue_app.engine import events, hot_sql, runner_registry
+from queue_app.models import Job, Status
+from queue_app.queue_service import poller
+
+
+def poll_once(*, now=None, families=None, parallelism: int | None = None) -> int:
+    """One blocking poll cycle: claim what is due, check it all, return how many were
+    checked (the queue service steps a Poller instead)."""
+    claimed = poller.claim_due(now=now, families=families)
+    if not claimed:
+        return 0
+    workers = max(1, min(parallelism or settings.POLL_PARALLELISM, len(claimed)))
+    if workers == 1:
+        for job_id, token, _ in claimed:
+            poller.check_job(job_id, token, now=now)
+        return len(claimed)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll") as pool:
+        list(pool.map(lambda item: poller._check_in_thread(item[0], item[1], now=now, keep_connection=False), claimed))
+    return len(claimed)
+
+
+def inflight(pool: poller.Poller) -> int:
+    """The checks a Poller has running now."""
+    with pool._lock:
+        return sum(pool._inflight.values())
+
+
+def dispatchable_jobs(provider_id: int):
+    """What a claim reads (hot_sql.dispatchable_with_projects), as the ORM would read it:
+    the pending jobs this provider would run now, oldest started first."""
+    projects = hot_sql.project_ids(provider_id)
+    return (
+        Job.objects.filter(status=Status.PENDING)
+        .filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project_id__in=projects))
+        .exclude(project__kind__in=runner_registry.kinds())
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
+        .order_by("queued_at", "created_at", "id")
+    )
+
+
+def flush_broadcasts(timeout: float = 5.0) -> bool:
+    """Wait until the process's sender thread has sent every event handed to it."""
+    return events._sender.flush(timeout)
+
+
+def stop_listeners(listeners) -> None:
+    """Close every ComfyUI socket of a comfy_app.ws.Listeners and stop its loop."""
+    for instance_id in list(listeners._tasks):
+        listeners.drop(instance_id)
+    listeners._loop.call_soon_threadsafe(listeners._loop.stop)
