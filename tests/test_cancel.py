@@ -73,7 +73,8 @@ def detached(owner, family, *, task_id, model="", at=None, kind="image"):
         attempts=1,
         resolved=snapshot.build(job, project, provider),
     )
-    JobAttempt.objects.create(job=job, number=1, worker="w", outcome="detached", task_id=task_id)
+    # The attempt its submit left, waiting at the provider (its remote phase).
+    JobAttempt.objects.create(job=job, number=1, worker="w", outcome="detached", phase="remote", task_id=task_id, detached_at=at)
     return job_of(job)
 
 
@@ -163,8 +164,9 @@ def test_a_detached_replicate_task_is_cancelled_at_replicate_and_its_slot_freed(
     [call] = responses.calls
     assert call.request.headers["Authorization"] == "Bearer replicate-key-123456"
     assert job.task_id == "pred42"  # kept: a retry checks it first, finds it canceled, submits anew
-    attempts = list(JobAttempt.objects.filter(job=job).order_by("id").values_list("outcome", flat=True))
-    assert attempts == ["detached", "cancelled"]
+    # Its one attempt, waiting at Replicate, ends cancelled: no second row for the cancel.
+    attempts = list(JobAttempt.objects.filter(job=job).order_by("id").values_list("number", "phase", "outcome"))
+    assert attempts == [(1, "remote", "cancelled")]
     assert poller.claim_due(now=timezone.now() + timedelta(hours=1)) == []  # no longer polled
 
 

@@ -95,7 +95,10 @@ def test_it_runs_a_job_to_completed_with_its_output_in_the_album(owner, fake, in
     item = AlbumItem.objects.get(job=job)
     assert item.kind == "image" and item.content_type == "image/png" and (item.width, item.height) == (64, 64)
     assert ComfyRun.objects.get(job=job).phase == "done"
-    assert [a.outcome for a in JobAttempt.objects.filter(job=job).order_by("id")] == ["detached", "completed"]
+    # One attempt: the prompt's post and its download are phases of it.
+    [attempt] = JobAttempt.objects.filter(job=job)
+    assert (attempt.number, attempt.phase, attempt.outcome, attempt.task_id) == (1, "collect", "completed", job.task_id)
+    assert attempt.started_at <= attempt.detached_at <= attempt.collecting_at <= attempt.finished_at
 
 
 def test_every_output_image_is_stored_in_workflow_order_with_an_index_per_file(owner, fake, inline_tasks):

@@ -76,6 +76,8 @@ def detached(owner, family, *, task_id="task-1", at=None, model="", provider=Non
         attempts=1,
         resolved=snapshot.build(job, project, provider),
     )
+    # The attempt its submit left, waiting at the provider (its remote phase).
+    JobAttempt.objects.create(job=job, number=1, worker="w", task_id=task_id, outcome="detached", phase="remote", detached_at=at)
     job.refresh_from_db()
     return job
 

@@ -30,10 +30,8 @@ from comfy_app.runner.claim import claim_pending
 from comfy_app.runner.collect import hand_out_collection, start_collect
 from comfy_app.runner.instance import UNREACHABLE_LIMIT, acquire_driver, client_for, mark_unreachable
 from queue_app.engine import backoff, enqueue, heartbeats, transitions
-from queue_app.engine.attempts import Outcome, attempt_record
-from queue_app.engine.leases import lease_reissue
-from queue_app.engine.results import fail_checked
-from queue_app.models import Job, Status
+from queue_app.engine.attempts import OPEN, Outcome
+from queue_app.models import ErrorClass, Job, Status
 from queue_app.providers import crypto
 
 log = logging.getLogger(__name__)
@@ -41,8 +39,6 @@ log = logging.getLogger(__name__)
 CHECK_FAILURE_LIMIT = 3
 MISSING_GRACE_CHECKS = 3
 OOM_RETRIES = 1
-# What the attempt log names the runner's own records by.
-WORKER = "comfy-runner"
 
 Phase = ComfyRun.Phase
 
@@ -93,15 +89,10 @@ def locate(client: comfy.ComfyClient, prompt_id: str, nonce: str) -> tuple[Where
     return Where.RUNNING, entry
 
 
-def _fail(job: Job, reason: str, *, error_class: str, keep_task_id: bool, outcome: Outcome = Outcome.PERMANENT) -> bool:
-    return fail_checked(
-        job,
-        job.lease_token,
-        recorded_by=WORKER,
-        outcome=outcome,
-        reason=reason,
-        error_class=error_class,
-        keep_task_id=keep_task_id,
+def _fail(job: Job, reason: str, *, error_class: ErrorClass, keep_task_id: bool, outcome: Outcome | None = None) -> bool:
+    """A check's finding fails the job and ends its open attempt."""
+    return transitions.job_fail(
+        job.id, job.lease_token, reason=reason, error_class=error_class, attempt=OPEN, outcome=outcome, keep_task_id=keep_task_id
     )
 
 
@@ -139,7 +130,7 @@ def _check_runs(instance: ComfyInstance, runs: list, now, result: dict) -> None:
     except comfy.AuthFailed as error:
         for run in runs:
             if run.phase in (Phase.REMOTE, Phase.SUBMITTING):
-                result["failed"] += _fail(run.job, error.reason, error_class="permanent", keep_task_id=True)
+                result["failed"] += _fail(run.job, error.reason, error_class=ErrorClass.PERMANENT, keep_task_id=True)
         return
     except comfy.ComfyError as error:
         for run in remote:
@@ -172,14 +163,14 @@ def _resume_stale(runs: list, now) -> None:
                 _fail(
                     job,
                     f"submitting to ComfyUI failed {job.poll_failures} times in a row; {job.error or 'see the attempts'}",
-                    error_class="transient",
+                    error_class=ErrorClass.TRANSIENT,
                     keep_task_id=True,
                 )
                 continue
             # Read ended at the check's start: a worker may have taken the claim since
             # (it waited in the broker) and be posting its prompt now.
             hold = timedelta(seconds=settings.CLAIM_TTL_SECONDS)
-            token = lease_reissue(job.id, job.lease_token, hold=hold, if_over=True)
+            token = transitions.job_hand_out_again(job.id, job.lease_token, hold=hold, if_over=True)
             if token:
                 enqueue.enqueue_task("comfy_app.tasks.submit_prompt", str(job.id), str(token))
         elif run.phase == Phase.COLLECTING:
@@ -203,7 +194,7 @@ def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now)
     failed = 0
     for run in runs:
         if run.phase == Phase.REMOTE:
-            failed += _fail(run.job, message, error_class="transient", keep_task_id=True, outcome=Outcome.TRANSIENT)
+            failed += _fail(run.job, message, error_class=ErrorClass.TRANSIENT, keep_task_id=True)
         elif run.phase == Phase.SUBMITTING:
             # Never accepted by the instance: back to pending, its attempt refunded; it
             # waits with the other pending jobs until the instance answers (claim_pending).
@@ -211,7 +202,8 @@ def _instance_unreachable(instance: ComfyInstance, runs: list, reason: str, now)
                 run.job_id,
                 run.job.lease_token,
                 reason=f"waiting for ComfyUI at {crypto.origin(instance.base_url)}: {reason}",
-                error_class="transient",
+                error_class=ErrorClass.TRANSIENT,
+                attempt=OPEN,
                 refund_attempt=True,
             )
     return failed
@@ -227,9 +219,8 @@ def _check_failed(job: Job, reason: str) -> bool:
         job,
         f"checking the prompt failed {failures} times in a row: {reason}. The prompt id is kept: "
         "retry the job to collect its result instead of generating it again.",
-        error_class="transient",
+        error_class=ErrorClass.TRANSIENT,
         keep_task_id=True,
-        outcome=Outcome.TRANSIENT,
     )
 
 
@@ -272,9 +263,8 @@ def _check_queued(client, run: ComfyRun, state: str, now) -> Checked:
     _fail(
         job,
         f"timed out: ComfyUI did not finish the prompt within {minutes:g} minutes; it was interrupted",
-        error_class="timeout",
+        error_class=ErrorClass.TIMEOUT,
         keep_task_id=False,
-        outcome=Outcome.TIMEOUT,
     )
     return Checked.FAILED
 
@@ -289,7 +279,7 @@ def _check_missing(run: ComfyRun) -> Checked:
         run.job,
         "ComfyUI no longer knows this prompt (the instance may have restarted and lost its queue). "
         "Retry the job to run it again.",
-        error_class="transient",
+        error_class=ErrorClass.TRANSIENT,
         keep_task_id=False,
         outcome=Outcome.LOST,
     )
@@ -322,12 +312,11 @@ def _repost(run: ComfyRun) -> Checked:
     the old prompt reappear after all, it is the same id and nonce, collected once."""
     job = run.job
     reason = "the ComfyUI instance restarted and forgot the prompt; it is posted again"
-    attempt_record(job, outcome=Outcome.LOST, reason=reason, worker=WORKER)
-    token = lease_reissue(job.id, job.lease_token, hold=timedelta(seconds=settings.CLAIM_TTL_SECONDS))
+    hold = timedelta(seconds=settings.CLAIM_TTL_SECONDS)
+    # The lost attempt ends; the post again is the job's next attempt.
+    token = transitions.job_hand_out_again(job.id, job.lease_token, hold=hold, forgotten=reason)
     if token is None:
         return Checked.SKIPPED
-    # A new attempt of the same claim: the attempt log numbers it after the lost one.
-    Job.objects.fenced(job.id, token).update(attempts=F("attempts") + 1, poll_failures=0)
     ComfyRun.objects.filter(job_id=job.id, phase=Phase.REMOTE).update(phase=Phase.SUBMITTING, missing_checks=0, remote_state="")
     enqueue.enqueue_task("comfy_app.tasks.submit_prompt", str(job.id), str(token))
     log.warning("job %s: %s", job.id, reason)
@@ -338,14 +327,14 @@ def _check_error(job: Job, entry: dict) -> Checked:
     """The prompt failed at ComfyUI: out of memory is retried once, the rest fail the job."""
     reason, oom = comfy.describe_failure(entry)
     if oom and job.attempts <= OOM_RETRIES:
-        attempt_record(job, outcome=Outcome.TRANSIENT, reason=reason, worker=WORKER)
         transitions.job_requeue(
             job.id,
             job.lease_token,
             reason=f"{reason} (out of memory: retrying once)",
-            error_class="transient",
+            error_class=ErrorClass.TRANSIENT,
+            attempt=OPEN,
             delay=backoff.delay(1),
         )
         return Checked.FAILED
-    _fail(job, reason, error_class="transient" if oom else "permanent", keep_task_id=False)
+    _fail(job, reason, error_class=ErrorClass.TRANSIENT if oom else ErrorClass.PERMANENT, keep_task_id=False)
     return Checked.FAILED

@@ -9,7 +9,7 @@ from django.db.models.functions import Now
 
 from comfy_app.models import ComfyInstance, ComfyRun
 from queue_app.engine import enqueue, transitions
-from queue_app.engine.attempts import attempt_begin
+from queue_app.engine.attempts import attempt_begin, attempt_collect
 from queue_app.models import Job, JobAttempt, Kind, Status
 
 MAX_IN_FLIGHT = 2
@@ -83,13 +83,14 @@ def claim_pending(project_id: int) -> list[tuple]:
 def take_claimed(job_id, token, phase) -> tuple[Job, ComfyRun, JobAttempt, ComfyInstance] | None:
     """A worker picks up a job handed out in `phase` (submitting, collecting): the job, its
     run, the attempt it opens with the lease, and its instance. None when the hand-off is
-    not ours any more (fenced out, taken twice, or the run moved on)."""
+    not ours any more (fenced out, taken twice, or the run moved on). A collection goes
+    on with the attempt whose prompt it collects."""
     close_old_connections()
     job = Job.objects.select_related("project").fenced(job_id, token).first()
     run = ComfyRun.objects.filter(job_id=job_id).first()
     if job is None or run is None or run.phase != phase:
         return None
-    attempt = attempt_begin(job, token)
+    attempt = attempt_collect(job, token) if phase == Phase.COLLECTING else attempt_begin(job, token)
     if attempt is None:
         return None
     return job, run, attempt, ComfyInstance.objects.get(project_id=job.project_id)

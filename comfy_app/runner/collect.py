@@ -19,11 +19,10 @@ from comfy_app import client as comfy
 from comfy_app.models import ComfyRun
 from comfy_app.runner.claim import take_claimed
 from comfy_app.runner.instance import client_for
-from queue_app.engine import enqueue
-from queue_app.engine.attempts import Outcome
-from queue_app.engine.leases import LeaseKeeper, lease_reissue, leave_to_healing
-from queue_app.engine.results import Applied, fail_job, store_outputs
-from queue_app.models import Job
+from queue_app.engine import enqueue, transitions
+from queue_app.engine.leases import LeaseKeeper, leave_to_healing
+from queue_app.engine.results import Applied, store_outputs
+from queue_app.models import ErrorClass, Job
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -61,7 +60,7 @@ def hand_out_collection(job_id, token, *, if_over: bool = False) -> bool:
     """Enqueue a download under a fresh lease token (the old one, if a worker still holds
     it, is fenced out). False when the job is no longer ours under `token`, or, with
     `if_over`, when its lease has not ended (lease_reissue)."""
-    new_token = lease_reissue(job_id, token, hold=COLLECT_CLAIM, if_over=if_over)
+    new_token = transitions.job_hand_out_again(job_id, token, hold=COLLECT_CLAIM, if_over=if_over)
     if new_token is None:
         return False
     enqueue.enqueue_task("comfy_app.tasks.collect_prompt", str(job_id), str(new_token))
@@ -142,20 +141,14 @@ def collect_prompt(job_id, token) -> Collected:
             results = _fetch(client_for(instance), job, run)
             if not results:
                 reason = "ComfyUI finished the prompt but the workflow saved no output files (add a SaveImage node)"
-                fail_job(
-                    job.id,
-                    token,
-                    attempt.id,
-                    outcome=Outcome.PERMANENT,
-                    reason=reason,
-                    error_class="permanent",
-                    keep_task_id=False,
+                transitions.job_fail(
+                    job.id, token, reason=reason, error_class=ErrorClass.PERMANENT, attempt=attempt.id, keep_task_id=False
                 )
                 return Collected.NO_OUTPUT
             stored = store_outputs(job.id, token, attempt.id, results, source="ComfyUI", retry_hint=KEEP)
     except OutputGone as error:
         reason = f"the output file {error} is no longer on the ComfyUI instance; retry the job to generate it again"
-        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local", keep_task_id=False)
+        transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.LOCAL, attempt=attempt.id, keep_task_id=False)
         return Collected.GONE
     except DatabaseError:
         leave_to_healing(job.id, "collecting")
@@ -164,7 +157,7 @@ def collect_prompt(job_id, token) -> Collected:
         detail = error.reason if isinstance(error, comfy.ComfyError) else str(error) or type(error).__name__
         reason = f"downloading the result from ComfyUI failed: {detail}. {KEEP}"
         log.warning("job %s: %s", job.id, reason)
-        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local")
+        transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.LOCAL, attempt=attempt.id)
         return Collected.FAILED
     if stored is Applied.COMPLETED:
         ComfyRun.objects.filter(job_id=job.id).update(phase=Phase.DONE)

@@ -8,8 +8,8 @@ import uuid
 from enum import StrEnum
 
 from django.db import DatabaseError, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Coalesce, Now
+from django.db.models import Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from comfy_app import client as comfy
@@ -21,10 +21,9 @@ from comfy_app.runner.collect import start_collect
 from comfy_app.runner.instance import client_for, mark_unreachable
 from comfy_app.runner.uploads import upload_once
 from queue_app.engine import transitions
-from queue_app.engine.attempts import Outcome, attempt_finish
+from queue_app.engine.attempts import Outcome
 from queue_app.engine.leases import LeaseKeeper, leave_to_healing
-from queue_app.engine.results import fail_job
-from queue_app.models import Job
+from queue_app.models import ErrorClass, Job
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +44,6 @@ class Submission(StrEnum):
     ERROR = "error"
 
 
-def _give_back(job_id, token, *, failures: bool = True) -> None:
-    """A submission that could not finish: the job stays in flight (submitting) with an
-    expired lease; the instance's next check resolves it from ComfyUI's own records."""
-    fields = dict(lease_expires_at=Now(), lease_owner="")
-    if failures:
-        fields["poll_failures"] = F("poll_failures") + 1
-    Job.objects.fenced(job_id, token).update(**fields)
-
-
 def submit_prompt(job_id, token) -> Submission:
     """Worker: submit one claimed job."""
     taken = take_claimed(job_id, token, Phase.SUBMITTING)
@@ -65,18 +55,21 @@ def submit_prompt(job_id, token) -> Submission:
             result = _submit(job, token, run, instance)
     except comfy.Unreachable as error:
         mark_unreachable(instance.id, error.reason, timezone.now())
-        attempt_finish(attempt.id, Outcome.TRANSIENT, error.reason)
-        _give_back(job.id, token, failures=False)
+        # The job stays in flight; the instance's next check resolves it from ComfyUI's own records.
+        transitions.job_given_back(
+            job.id, token, attempt=attempt.id, outcome=Outcome.TRANSIENT, reason=error.reason, count_failure=False
+        )
         return Submission.UNREACHABLE
     except comfy.CheckFailed as error:
         # Possibly accepted (a dropped connection after the body was sent): the stored
         # prompt id is looked up before anything is posted again.
-        attempt_finish(attempt.id, Outcome.AMBIGUOUS, error.reason)
-        _give_back(job.id, token)
+        transitions.job_given_back(job.id, token, attempt=attempt.id, outcome=Outcome.AMBIGUOUS, reason=error.reason)
         return Submission.AMBIGUOUS
     except (comfy.ComfyError, workflow.WorkflowError) as error:
         reason = error.reason if isinstance(error, comfy.ComfyError) else str(error)
-        fail_job(job.id, token, attempt.id, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent", keep_task_id=False)
+        transitions.job_fail(
+            job.id, token, reason=reason, error_class=ErrorClass.PERMANENT, attempt=attempt.id, keep_task_id=False
+        )
         return Submission.REJECTED
     except DatabaseError:
         leave_to_healing(job.id, "submitting")
@@ -84,7 +77,7 @@ def submit_prompt(job_id, token) -> Submission:
     except Exception as error:  # a bug or an unexpected answer: this job fails, the rest run
         log.exception("job %s: unexpected error while submitting to ComfyUI", job.id)
         reason = f"internal error while submitting to ComfyUI: {type(error).__name__}"
-        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local", keep_task_id=False)
+        transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.LOCAL, attempt=attempt.id, keep_task_id=False)
         return Submission.ERROR
     if result not in (Submission.FENCED, Submission.COLLECT) and not Job.objects.fenced(job.id, token).exists():
         # Cancelled while the prompt was being posted: nobody will collect it, so stop it.
@@ -95,16 +88,16 @@ def submit_prompt(job_id, token) -> Submission:
 
 
 def _submitted(job_id, token, attempt_id, result: Submission) -> Submission:
-    """Close the attempt; a prompt at ComfyUI is the instance's checks' from now on."""
+    """The attempt's remote phase begins: a prompt at ComfyUI is the instance's checks'
+    from now on, or (found finished already) a collector's."""
     if result is Submission.FENCED:
-        attempt_finish(attempt_id, Outcome.LOST, "job taken before the prompt was stored")
+        transitions.job_lost(attempt_id, reason="job taken before the prompt was stored")
         return result
     prompt_id = Job.objects.filter(id=job_id).values_list("task_id", flat=True).first() or ""
-    attempt_finish(attempt_id, Outcome.DETACHED, result, task_id=prompt_id)
-    if result is Submission.COLLECT:
+    collect = result is Submission.COLLECT
+    transitions.job_posted(job_id, token, attempt=attempt_id, task_id=prompt_id, reason=result, release_lease=not collect)
+    if collect:
         start_collect(job_id, token, prompt_id)
-    else:
-        Job.objects.fenced(job_id, token).update(lease_expires_at=None, lease_owner="", poll_failures=0)
     return result
 
 

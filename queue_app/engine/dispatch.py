@@ -150,7 +150,7 @@ def _claim_rows(
         enqueue.enqueue_execution(job_id, token)
     by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
     return [
-        (transitions.as_claimed(*by_id[job_id], provider=provider, token=token, started_at=started_at, owner=owner), token)
+        (hot_sql.as_claimed(*by_id[job_id], provider=provider, token=token, started_at=started_at, owner=owner), token)
         for job_id, token in claimed
     ]
 

@@ -29,8 +29,7 @@ def _param(model, field: str, value):
 @cache
 def now_sql(vendor: str) -> tuple[str, tuple]:
     """Django's Now() as this database's SQL (the database's clock, as the ORM compares)."""
-    query = Job.objects.all().query
-    sql, params = query.get_compiler(connection=connection).compile(Now().resolve_expression(query))
+    sql, params = model_sql.compiled(Job, Now())
     return sql, tuple(params)
 
 
@@ -82,28 +81,12 @@ def project_ids(provider_id: int) -> list[int]:
     return [pk for (pk,) in model_sql.fetch(f"SELECT id FROM {Project._meta.db_table} WHERE provider_id = %s", [provider_id])]
 
 
-def highest_attempt_number(job_id, *, started_before=None) -> int:
-    """The highest attempt number of the job's attempts (those started before
-    `started_before`, when given), 0 when there is none."""
-    sql, params = _highest_attempt_sql(job_id, started_before)
-    [(top,)] = model_sql.fetch(f"SELECT {sql}", params)
-    return top
-
-
-def _highest_attempt_sql(job_id, started_before) -> tuple[str, list]:
-    sql = f"COALESCE((SELECT MAX(number) FROM {JobAttempt._meta.db_table} WHERE job_id = %s"
-    params = [_param(Job, "id", job_id)]
-    if started_before is not None:
-        sql += " AND started_at < %s"
-        params.append(_param(JobAttempt, "started_at", started_before))
-    return sql + "), 0)", params
-
-
-def insert_attempt(attempt, *, started_before, run_attempts: int):
+def insert_attempt(attempt):
     """insert(attempt), numbered in the same statement: after the highest number of the
-    job's attempts started before `started_before`, plus `run_attempts` (attempts.attempt_number)."""
-    sql, params = _highest_attempt_sql(attempt.job_id, started_before)
-    return model_sql.insert(attempt, computed={"number": (f"{sql} + %s", [*params, run_attempts])})
+    job's attempts, so a job's numbers run 1, 2, 3 and none is skipped or repeated (only
+    the holder of the job's lease opens an attempt)."""
+    sql = f"COALESCE((SELECT MAX(number) FROM {JobAttempt._meta.db_table} WHERE job_id = %s), 0) + 1"
+    return model_sql.insert(attempt, computed={"number": (sql, [_param(Job, "id", attempt.job_id)])})
 
 
 def _usage_and_limit_sql(owner: str, job: str | None) -> str:
@@ -279,3 +262,41 @@ def _heads(table: str, provider_id: int, projects: list[int] | None, now: str, n
         )
         params += [project_id, *now_params, head]
     return " UNION ALL ".join(arms), params
+
+
+def claim_into_slots(rows, *, owner: str, started_at, expiry) -> set:
+    """The claim's compare-and-set for many jobs in one UPDATE … FROM (VALUES …) …
+    RETURNING: each row (id, provider, slot, lease token, snapshot) moves only if its job
+    is still pending and due; status, provider and slot change together, as the slot
+    constraint asks. `expiry`: the lease's end, an expression of the database's clock.
+    Returns the ids that moved. (Django's CASE/WHEN form took longer to build than the
+    database took to claim.)"""
+    table = Job._meta.db_table
+    fields = [Job._meta.get_field(name) for name in ("id", "active_provider", "slot", "lease_token", "resolved")]
+    casts = ("::uuid", "::bigint", "::integer", "::uuid", "::jsonb") if connection.vendor == "postgresql" else ("",) * 5
+    row = "(" + ", ".join(f"%s{cast}" for cast in casts) + ")"
+    params = [field.get_db_prep_value(value, connection) for values in rows for field, value in zip(fields, values, strict=True)]
+    expiry_sql, expiry_params = model_sql.compiled(Job, expiry)
+    now, now_params = now_sql(connection.vendor)
+    started_at = _param(Job, "started_at", started_at)
+    with model_sql.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
+            f"lease_token = v.column4, resolved = v.column5, lease_owner = %s, lease_expires_at = {expiry_sql}, "
+            "attempts = attempts + 1, started_at = %s, not_before = NULL, progress = NULL, poll_failures = 0, "
+            "next_poll_at = NULL, poll_claimed_until = NULL "
+            f"FROM (VALUES {', '.join([row] * len(rows))}) AS v WHERE {table}.id = v.column1 AND {table}.status = %s "
+            f"AND ({table}.not_before IS NULL OR {table}.not_before <= {now}) RETURNING {table}.id",
+            [Status.PROCESSING, owner, *expiry_params, started_at, *params, Status.PENDING, *now_params],
+        )
+        return {Job._meta.pk.to_python(job_id) for (job_id,) in cursor.fetchall()}
+
+
+def as_claimed(job: Job, slot: int, snap: dict, *, provider, token, started_at, owner: str = "") -> Job:
+    """The pending `job` in hand as claim_into_slots left its row (for a caller that goes
+    on with it in the claim's transaction), but for its lease's expiry, which is the
+    database's clock and nobody in that transaction reads."""
+    job.status, job.active_provider, job.slot, job.lease_token, job.resolved = Status.PROCESSING, provider, slot, token, snap
+    job.lease_owner, job.attempts, job.started_at, job.not_before, job.progress = owner, job.attempts + 1, started_at, None, None
+    job.poll_failures, job.next_poll_at, job.poll_claimed_until = 0, None, None
+    return job

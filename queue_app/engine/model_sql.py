@@ -95,6 +95,13 @@ def shape(model, vendor: str) -> tuple[str, str, list, list]:
     return table, columns, [f.attname for f in fields], converters_of(model, model._meta.db_table)
 
 
+def compiled(model, expression) -> tuple[str, list]:
+    """A Django expression as SQL and parameters for this database (Now() differs)."""
+    query = model.objects.all().query
+    sql, params = query.get_compiler(connection=connection).compile(expression.resolve_expression(query))
+    return sql, list(params)
+
+
 def where_sql(model, where: dict) -> tuple[str, list]:
     quote, sql, params = connection.ops.quote_name, [], []
     for name, value in where.items():

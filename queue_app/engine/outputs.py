@@ -31,8 +31,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from queue_app.engine import events, failpoints, hot_sql, media, model_sql, transitions
-from queue_app.engine.attempts import attempt_finish
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, fence
+from queue_app.models import AccountSettings, AlbumItem, Job, fence
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -243,10 +242,8 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         _check_quota(prepared, used, limit)
         replaced_files = _upsert_items(locked, prepared, placed, has_items=has_items)
         failpoints.hit("after_album_before_complete")
-        if not transitions.job_complete(job.id, token, held=locked):
+        if not transitions.job_complete(job.id, token, held=locked, attempt=attempt_id, reason=f"{len(prepared)} output(s)"):
             raise Fenced(job.id)
-        if attempt_id is not None:
-            attempt_finish(attempt_id, JobAttempt.Outcome.COMPLETED, f"{len(prepared)} output(s)")
         if handover is not None:
             handover.claim(vacated_slot=locked.slot)
         transaction.on_commit(lambda: remove_files(replaced_files))

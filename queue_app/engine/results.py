@@ -1,24 +1,17 @@
 """Applying what a provider (or ComfyUI) reported for a job, shared by the worker
-(execute, collect), the queue service's poller and the ComfyUI collector:
-
-- `store_outputs`: finished outputs go through the output writer, which completes the
-  job; a local failure fails it and keeps the task id, so a retry collects the result it
-  already paid for instead of paying again;
-- `apply_failed`: a remote task that ended without a result;
-- `retry_or_give_up`: a failure worth another try goes back to pending after a backoff,
-  until the job's tries are used up;
-- `fail_job` (a worker's open attempt ends and fails the job) and `fail_checked` (a check
-  fails the job and records what it found as an attempt of its own).
+(execute, collect), the queue service's poller and the ComfyUI collector: outputs go
+through the output writer (`store_outputs`), a failed remote task fails or requeues the
+job (`apply_failed`, `retry_or_give_up`). Each takes the attempt the outcome ends: a
+worker's attempt id, or attempts.OPEN for a check's finding.
 """
 
 import logging
 from enum import StrEnum
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from queue_app.engine import backoff, outputs, transitions
-from queue_app.engine.attempts import Outcome, attempt_finish, attempt_record
-from queue_app.models import Job
+from queue_app.models import ErrorClass, Job
 from queue_app.providers.base import Failed
 from queue_app.providers.crypto import redact
 
@@ -37,25 +30,6 @@ class Applied(StrEnum):
     TIMEOUT = "timeout"  # failed: no result within the processing timeout
     ERROR = "error"  # the check failed; the job is checked again later
     UNKNOWN = "unknown"  # an answer no adapter should give
-
-
-def fail_job(job_id, token, attempt_id, *, outcome: Outcome, reason: str, error_class: str, keep_task_id: bool = True) -> bool:
-    """The worker's attempt ends with `outcome` and the job fails with `reason`. The task
-    id stays unless the remote task is known dead, so a retry can collect its result."""
-    attempt_finish(attempt_id, outcome, reason)
-    return transitions.job_fail(job_id, token, reason=reason, error_class=error_class, keep_task_id=keep_task_id)
-
-
-def fail_checked(
-    job: Job, token, *, recorded_by: str, outcome: Outcome, reason: str, error_class: str, keep_task_id: bool = True
-) -> bool:
-    """A check (the poller's, a runner's) fails the job; what it found is recorded as an
-    attempt of its own, in the same commit, and only when the job did fail."""
-    with transaction.atomic():
-        if not transitions.job_fail(job.id, token, reason=reason, error_class=error_class, keep_task_id=keep_task_id):
-            return False
-        attempt_record(job, outcome=outcome, reason=reason, worker=recorded_by)
-    return True
 
 
 def detached_job(job_id, token) -> Job | None:
@@ -87,26 +61,25 @@ def store_outputs(
     try:
         outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id, handover=handover, job=job)
     except outputs.Fenced:
-        attempt_finish(attempt_id, Outcome.LOST, "job taken before its outputs were written")
+        transitions.job_lost(attempt_id, reason="job taken before its outputs were written")
         return Applied.SKIPPED
     except DatabaseError:
         raise
     except Exception as error:
         if disk_full_waits and isinstance(error, outputs.DiskFull):
-            attempt_finish(attempt_id, Outcome.LOCAL, str(error))
-            return wait_for_space(job_id, token, reason=str(error))
+            return wait_for_space(job_id, token, reason=str(error), attempt=attempt_id)
         if isinstance(error, (outputs.QuotaExceeded, outputs.DiskFull)):
             reason = str(error)
         else:
             reason = redact(f"{source} finished but storing the result failed: {error}", secrets)
             log.warning("job %s: %s", job_id, reason)
-        attempt_finish(attempt_id, Outcome.LOCAL, reason)
-        transitions.job_fail(job_id, token, reason=f"{reason}. {retry_hint}" if retry_hint else reason, error_class="local")
+        reason = f"{reason}. {retry_hint}" if retry_hint else reason
+        transitions.job_fail(job_id, token, reason=reason, error_class=ErrorClass.LOCAL, attempt=attempt_id)
         return Applied.FAILED
     return Applied.COMPLETED
 
 
-def wait_for_space(job_id, token, *, reason: str) -> Applied:
+def wait_for_space(job_id, token, *, reason: str, attempt) -> Applied:
     """The media disk is full: nothing is wrong with the result, so the job waits (back to
     pending after a backoff) and keeps its remote task id, so the next try collects the
     result it already paid for. Each wait costs one of its tries: a disk that stays full
@@ -116,44 +89,49 @@ def wait_for_space(job_id, token, *, reason: str) -> Applied:
         return Applied.SKIPPED
     max_attempts = job.active_provider.max_attempts if job.active_provider else 1
     if job.attempts >= max_attempts:
-        done = transitions.job_fail(job.id, token, reason=backoff.give_up_reason(job.attempts, reason), error_class="local")
+        reason = backoff.give_up_reason(job.attempts, reason)
+        done = transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.LOCAL, attempt=attempt)
         return Applied.FAILED if done else Applied.SKIPPED
     done = transitions.job_requeue(
-        job.id, token, reason=reason, error_class="local", delay=backoff.delay(job.attempts), keep_task_id=True
+        job.id,
+        token,
+        reason=reason,
+        error_class=ErrorClass.LOCAL,
+        attempt=attempt,
+        delay=backoff.delay(job.attempts),
+        keep_task_id=True,
     )
     return Applied.REQUEUED if done else Applied.SKIPPED
 
 
-def retry_or_give_up(job: Job, token, *, max_attempts: int, reason: str, error_class: str, keep_task_id: bool = True) -> Applied:
+def retry_or_give_up(
+    job: Job, token, *, max_attempts: int, reason: str, error_class: ErrorClass, attempt, outcome=None, keep_task_id=True
+) -> Applied:
     """A failure worth another try: back to pending after a backoff, or — the job's tries
     used up — failed with the give-up reason (keeping the task id unless told not to)."""
+    ending = dict(error_class=error_class, attempt=attempt, outcome=outcome)
     if job.attempts >= max_attempts:
-        done = transitions.job_fail(
-            job.id,
-            token,
-            reason=backoff.give_up_reason(job.attempts, reason),
-            error_class=error_class,
-            keep_task_id=keep_task_id,
-        )
+        reason = backoff.give_up_reason(job.attempts, reason)
+        done = transitions.job_fail(job.id, token, reason=reason, keep_task_id=keep_task_id, **ending)
         return Applied.FAILED if done else Applied.SKIPPED
-    done = transitions.job_requeue(job.id, token, reason=reason, error_class=error_class, delay=backoff.delay(job.attempts))
+    done = transitions.job_requeue(job.id, token, reason=reason, delay=backoff.delay(job.attempts), **ending)
     return Applied.REQUEUED if done else Applied.SKIPPED
 
 
-def apply_failed(job: Job, token, state: Failed, *, max_attempts: int, recorded_by: str = "") -> Applied:
+def apply_failed(job: Job, token, state: Failed, *, max_attempts: int, attempt) -> Applied:
     """The remote task ended without a result. Permanent (or dead): the job fails and
-    forgets the task id. Worth another try: back to pending, bounded by max attempts.
-    With `recorded_by`, the check that found it is recorded as an attempt of its own
-    (a collector's attempt is already open: it finishes that one itself)."""
-    with transaction.atomic():
-        if state.permanent:
-            done = transitions.job_fail(job.id, token, reason=state.reason, error_class="permanent", keep_task_id=False)
-            applied = Applied.FAILED if done else Applied.SKIPPED
-        else:
-            applied = retry_or_give_up(
-                job, token, max_attempts=max_attempts, reason=state.reason, error_class="transient", keep_task_id=False
-            )
-        if applied is not Applied.SKIPPED and recorded_by:
-            outcome = Outcome.PERMANENT if state.permanent else Outcome.TRANSIENT
-            attempt_record(job, outcome=outcome, reason=state.reason, worker=recorded_by)
-    return applied
+    forgets the task id. Worth another try: back to pending, bounded by max attempts."""
+    if state.permanent:
+        done = transitions.job_fail(
+            job.id, token, reason=state.reason, error_class=ErrorClass.PERMANENT, attempt=attempt, keep_task_id=False
+        )
+        return Applied.FAILED if done else Applied.SKIPPED
+    return retry_or_give_up(
+        job,
+        token,
+        max_attempts=max_attempts,
+        reason=state.reason,
+        error_class=ErrorClass.TRANSIENT,
+        attempt=attempt,
+        keep_task_id=False,
+    )

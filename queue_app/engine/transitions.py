@@ -1,41 +1,55 @@
-"""Every change of a job's status, each one compare-and-set.
+"""Every change of a job's status, each one compare-and-set, and with it its attempt's.
 
     draft ──start──▶ pending ──claim──▶ processing ──complete──▶ completed
                          ▲                 │  │
                          └──requeue/heal───┘  └──fail──▶ failed ──retry──▶ pending
-    pending/processing ──cancel──▶ failed (error_class "cancelled")
+    pending/processing ──cancel──▶ failed (error class "cancelled")
 
-A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when
-one row changed. From the wrong state it is a no-op that returns False — never an
-exception, never a partial write: losing a race is a normal outcome. The batch forms
-(jobs_claim, jobs_heal, jobs_fail_stalled, jobs_hold_stalled) are the same compare-and-set
-over a set of rows in one statement — the rows that no longer match are left out and
-reported as not moved — so the recovery scan's cost follows batches, not jobs. Transitions that
-leave `processing` free the slot in the same UPDATE and wake dispatch after commit.
-Each one records its live event in the same transaction. Nested in a caller's
-transaction (the output writer's, dispatch's) they add no savepoint: a transition that
-raises rolls the caller back too, which is what every caller wants.
-
-Long because: the state machine is read in one place (ARCHITECTURE, invariant 2), its
-batch forms beside the single ones.
+A transition is `filter(id=…, status=<expected>, …).update(…)` and goes on only when one
+row changed; from the wrong state it is a no-op that returns False (losing a race is
+normal). `attempt=` names the attempt the change ends (an id, or attempts.OPEN for a
+check's finding): it is written in the same transaction, and only when the job moved,
+so a fenced-out writer never touches an attempt another has taken over. Each transition
+records its live event in the same transaction; one that leaves `processing` frees the
+slot in the same UPDATE and wakes dispatch after commit. Nested in a caller's transaction
+(the output writer's, dispatch's) they add no savepoint.
 """
 
 import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import events, failpoints, model_sql, project_runs
-from queue_app.engine.attempts import attempt_finish, attempts_cancel, attempts_interrupt
+from queue_app.engine import events, failpoints, hot_sql, model_sql, project_runs
+from queue_app.engine.attempts import (
+    OPEN,
+    Outcome,
+    Phase,
+    attempt_detached,
+    attempt_finish,
+    attempts_close_open,
+    attempts_interrupt,
+    attempts_to_remote,
+)
 from queue_app.engine.clock import db_now
-from queue_app.engine.leases import lease_expiry
-from queue_app.models import ErrorClass, Job, JobAttempt, Status, fence
+from queue_app.engine.leases import lease_expiry, lease_reissue
+from queue_app.models import ErrorClass, Job, Status, fence
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
+# How an attempt ends when its job leaves processing with this error class.
+OUTCOME_OF = {
+    ErrorClass.PERMANENT: Outcome.PERMANENT,
+    ErrorClass.TRANSIENT: Outcome.TRANSIENT,
+    ErrorClass.AMBIGUOUS: Outcome.AMBIGUOUS,
+    ErrorClass.TIMEOUT: Outcome.TIMEOUT,
+    ErrorClass.LOCAL: Outcome.LOCAL,
+    ErrorClass.CANCELLED: Outcome.CANCELLED,
+    ErrorClass.ATTENTION: Outcome.AMBIGUOUS,  # held: its submission may have been accepted
+}
 
 
 def _after_commit_wake(provider_ids=(), project_ids=()):
@@ -47,16 +61,19 @@ def _after_commit_wake(provider_ids=(), project_ids=()):
         transaction.on_commit(lambda: dispatch.wake(provider_ids=provider_ids, project_ids=project_ids))
 
 
-def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started") -> list:
-    """draft/failed → pending (start, retry). Returns the ids that moved.
+def _end_attempt(job_id, attempt, outcome: Outcome, reason: str) -> None:
+    if attempt == OPEN:
+        attempts_close_open([job_id], outcome=outcome, reason=reason)
+    elif attempt is not None:
+        attempt_finish(attempt, outcome, reason)
 
-    A retry keeps the task id: a job that failed locally after its provider succeeded
-    collects the existing result instead of paying for a new one.
-    """
+
+def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started") -> list:
+    """draft/failed → pending (start, retry). Returns the ids that moved. A retry keeps the
+    task id: a job that failed locally after its provider succeeded collects that result."""
     allowed = set(from_statuses) & {Status.DRAFT, Status.FAILED}
     with transaction.atomic(savepoint=False):
-        # Lock the candidates (PostgreSQL; SQLite's IMMEDIATE transaction already holds
-        # the write lock) so the ids we report are exactly the rows we moved.
+        # Locked (PostgreSQL), so the ids reported are exactly the rows moved.
         rows = list(
             Job.objects.select_for_update(of=("self",))
             .filter(id__in=list(job_ids), status__in=allowed)
@@ -66,8 +83,7 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
             return []
         ids = [row[0] for row in rows]
         now = timezone.now()
-        # Open (or note the start on) the project's run before the events are emitted: the
-        # lock order runs.run_close uses too. queued_at == the run's opened_at.
+        # The project's run opens before the events go out: the lock order run_close uses.
         project_runs.runs_touch(project_ids={row[1] for row in rows}, at=now)
         Job.objects.filter(id__in=ids, status__in=allowed).update(
             status=Status.PENDING,
@@ -81,112 +97,44 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
             poll_failures=0,
         )
         events.emit_grouped([(project_id, kind, job_id, Status.PENDING, {}) for job_id, project_id, _, _ in rows])
-        _after_commit_wake(
-            provider_ids={row[2] or row[3] for row in rows},
-            project_ids={row[1] for row in rows},
-        )
+        _after_commit_wake(provider_ids={row[2] or row[3] for row in rows}, project_ids={row[1] for row in rows})
     return ids
 
 
-CLAIM_CHUNK = 500  # jobs per claiming UPDATE: one CASE arm per job and field
+CLAIM_CHUNK = 500  # jobs per claiming UPDATE
 
 
 def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None) -> list[tuple]:
-    """pending → processing for many jobs at once: `claims` is [(job, slot, snapshot)]. Each job gets
-    its own slot, snapshot and lease token in one UPDATE per chunk, one event write per
-    project. Call inside dispatch's transaction. Returns [(job_id, token)] that moved, in
-    the order given; a job no longer pending (or locked by a canceller) is left out.
-
-    `owner` empty: the claim waits in the broker for a worker to take it (lease_take),
-    under the longer claim lease. `owner` named: that worker runs it and the lease is its
-    own already (a handover, which opens the attempt in the same transaction)."""
+    """pending → processing for [(job, slot, snapshot)] under dispatch's provider lock:
+    each job into its slot with its snapshot and a fresh lease token, one UPDATE per
+    chunk and one event write per project. Returns [(job_id, token)] that moved, in
+    order. `owner` empty: the claim waits in the broker for a worker (lease_take), under
+    the longer claim lease; named: a handover, whose worker holds the lease already."""
     claimed, started_at = [], started_at or timezone.now()
+    ttl = settings.LEASE_TTL_SECONDS if owner else settings.CLAIM_TTL_SECONDS
     for start in range(0, len(claims), CLAIM_CHUNK):
-        chunk = claims[start : start + CLAIM_CHUNK]
-        claimed += _jobs_claim_chunk(chunk, provider_id=provider_id, owner=owner, started_at=started_at)
+        chunk = {job.id: (job, slot, snap) for job, slot, snap in claims[start : start + CLAIM_CHUNK]}
+        tokens = {job_id: uuid.uuid4() for job_id in chunk}
+        with transaction.atomic(savepoint=False):
+            rows = [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in chunk.items()]
+            moved = hot_sql.claim_into_slots(rows, owner=owner, started_at=started_at, expiry=lease_expiry(ttl))
+            ids = [job_id for job_id in chunk if job_id in moved]
+            events.emit_grouped(
+                [(chunk[i][0].project_id, "job.claimed", i, Status.PROCESSING, {"slot": chunk[i][1]}) for i in ids]
+            )
+        claimed += [(job_id, tokens[job_id]) for job_id in ids]
     return claimed
 
 
-def _jobs_claim_chunk(claims, *, provider_id: int, owner: str, started_at) -> list[tuple]:
-    if not claims:
-        return []
-    by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}
-    tokens = {job_id: uuid.uuid4() for job_id in by_id}
-    with transaction.atomic(savepoint=False):
-        moved = _claim_into_slots(
-            [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in by_id.items()],
-            owner=owner,
-            started_at=started_at,
-        )
-        ids = [job_id for job_id in by_id if job_id in moved]
-        events.emit_grouped(
-            [
-                (by_id[job_id][0].project_id, "job.claimed", job_id, Status.PROCESSING, {"slot": by_id[job_id][1]})
-                for job_id in ids
-            ]
-        )
-    return [(job_id, tokens[job_id]) for job_id in ids]
-
-
-def as_claimed(job: Job, slot: int, snap: dict, *, provider, token, started_at, owner: str = "") -> Job:
-    """The pending `job` in hand as _claim_into_slots left its row (for a caller that goes
-    on with it in the claim's transaction), but for its lease's expiry, which is the
-    database's clock and nobody in that transaction reads."""
-    job.status, job.active_provider, job.slot, job.lease_token, job.resolved = Status.PROCESSING, provider, slot, token, snap
-    job.lease_owner, job.attempts, job.started_at, job.not_before, job.progress = owner, job.attempts + 1, started_at, None, None
-    job.poll_failures, job.next_poll_at, job.poll_claimed_until = 0, None, None
-    return job
-
-
-def _claim_into_slots(rows, *, owner: str, started_at) -> set:
-    """The claim's compare-and-set for many jobs in one statement, UPDATE … FROM (VALUES …)
-    … RETURNING (PostgreSQL and SQLite alike): each row (id, provider, slot, lease token,
-    snapshot) moves only if its job is still pending and due; status, provider and slot
-    change together, as the slot constraint asks. Returns the ids that moved. (Django's
-    CASE/WHEN form spent more time building expressions than the database spent on the
-    claim, and needed a second UPDATE for the shared fields.)"""
-    table = Job._meta.db_table
-    fields = [Job._meta.get_field(name) for name in ("id", "active_provider", "slot", "lease_token", "resolved")]
-    casts = ("::uuid", "::bigint", "::integer", "::uuid", "::jsonb") if connection.vendor == "postgresql" else ("",) * 5
-    row = "(" + ", ".join(f"%s{cast}" for cast in casts) + ")"
-    params = [field.get_db_prep_value(value, connection) for values in rows for field, value in zip(fields, values, strict=True)]
-    # Until a worker takes it (lease_take), the claim waits in the broker: a longer
-    # lease, so a busy broker does not get its claims healed away.
-    ttl = settings.LEASE_TTL_SECONDS if owner else settings.CLAIM_TTL_SECONDS
-    expiry_sql, expiry_params = _compiled(lease_expiry(ttl))
-    now_sql, now_params = _compiled(Now())
-    started_at = Job._meta.get_field("started_at").get_db_prep_value(started_at, connection)
-    with model_sql.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
-            f"lease_token = v.column4, resolved = v.column5, lease_owner = %s, lease_expires_at = {expiry_sql}, "
-            "attempts = attempts + 1, started_at = %s, not_before = NULL, progress = NULL, poll_failures = 0, "
-            "next_poll_at = NULL, poll_claimed_until = NULL "
-            f"FROM (VALUES {', '.join([row] * len(rows))}) AS v WHERE {table}.id = v.column1 AND {table}.status = %s "
-            f"AND ({table}.not_before IS NULL OR {table}.not_before <= {now_sql}) RETURNING {table}.id",
-            [Status.PROCESSING, owner, *expiry_params, started_at, *params, Status.PENDING, *now_params],
-        )
-        return {Job._meta.pk.to_python(job_id) for (job_id,) in cursor.fetchall()}
-
-
-def _compiled(expression) -> tuple[str, list]:
-    """A Django expression as SQL and parameters for this database (Now() differs)."""
-    query = Job.objects.all().query
-    sql, params = query.get_compiler(connection=connection).compile(expression.resolve_expression(query))
-    return sql, list(params)
-
-
 def lock_jobs(queryset):
-    """Lock these job rows for the rest of the transaction, passing over rows another
-    transaction holds (PostgreSQL: FOR UPDATE SKIP LOCKED). A skipped row is a race lost
-    silently; the next wake-up or heal sees it again. SQLite's IMMEDIATE transaction
-    already holds the only write lock, so there it is a plain read."""
+    """Lock these job rows for the transaction, passing over rows another transaction
+    holds (PostgreSQL SKIP LOCKED: a race lost silently; SQLite already holds the lock)."""
     return queryset.select_for_update(of=("self",), skip_locked=True)
 
 
 def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) -> uuid.UUID | None:
-    """pending → processing for a job that runs without a provider slot (ComfyUI: its
-    runner keeps its own per-instance limit)."""
+    """pending → processing for a job without a provider slot (ComfyUI: its runner keeps
+    its own per-instance limit). Returns the lease token, or None."""
     token = uuid.uuid4()
     with transaction.atomic(savepoint=False):
         changed = Job.objects.filter(id=job_id, status=Status.PENDING).update(
@@ -207,19 +155,15 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
     return token
 
 
-def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt_id=None) -> bool:
-    """processing (running) → processing (detached): store the remote task id before
-    anything waits on it. The job keeps its slot; the lease gives way to polling.
-
-    The worker's attempt `attempt_id` ends as detached in the same commit: a detached job
-    has no lease, so no heal ever looks at it again, and an attempt left open by a worker
-    killed between the two writes stayed "running" after its job had finished."""
+def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt=None) -> bool:
+    """processing (running) → processing (detached): the remote task id is stored before
+    anything waits on it; the job keeps its slot, the lease gives way to polling, and the
+    attempt's remote phase begins in the same commit (a detached job has no lease, so no
+    heal would ever close it). Fenced out: the attempt ends as lost, with the task id."""
     now = db_now()  # the poller (any host) compares next_poll_at with the database's clock
     with transaction.atomic(savepoint=False):
         job = Job.objects.fenced(job_id, token).values("project_id").first()
-        if not job:
-            return False
-        changed = Job.objects.fenced(job_id, token).update(
+        changed = bool(job) and Job.objects.fenced(job_id, token).update(
             task_id=task_id,
             task_observed_at=now,
             next_poll_at=now + timedelta(seconds=poll_seconds),
@@ -231,27 +175,112 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt_id=N
         if changed:
             events.emit(job["project_id"], "job.detached", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
             failpoints.hit("after_task_id_before_attempt_closed")
-            if attempt_id is not None:
-                attempt_finish(attempt_id, JobAttempt.Outcome.DETACHED, task_id=task_id)
+            if attempt is not None:
+                attempt_detached(attempt, task_id=task_id)
+    if not changed and attempt is not None:
+        attempt_finish(attempt, Outcome.LOST, "job taken before the task id was stored", task_id, phase=Phase.SUBMIT)
     return bool(changed)
 
 
-def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict, held=None) -> bool:
-    """`held` is the job's row, locked by the caller in this transaction under `token`
-    (the output writer's): its project and provider are current, so they are not read again."""
+def job_attach_task(job_id, token, *, task_id: str) -> bool:
+    """A runner's job (ComfyUI) gets the remote id it chose, fenced, before the id is posted
+    or anything waits on it. The lease stays with the runner."""
+    with transaction.atomic(savepoint=False):
+        job = Job.objects.fenced(job_id, token).values("project_id").first()
+        if not job or not Job.objects.fenced(job_id, token).update(
+            task_id=task_id, task_observed_at=timezone.now(), poll_failures=0
+        ):
+            return False
+        events.emit(job["project_id"], "job.submitted", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
+    return True
+
+
+def job_posted(job_id, token, *, attempt, task_id: str, reason: str, release_lease: bool = True) -> bool:
+    """A runner's submission is at the remote instance: its attempt's remote phase begins
+    and (`release_lease`) the lease gives way to the runner's checks."""
+    fields = dict(lease_expires_at=None, lease_owner="", poll_failures=0) if release_lease else dict(poll_failures=0)
+    with transaction.atomic(savepoint=False):
+        if not Job.objects.fenced(job_id, token).update(**fields):
+            return False
+        attempt_detached(attempt, task_id=task_id, reason=reason)
+    return True
+
+
+def job_given_back(job_id, token, *, attempt, outcome: Outcome, reason: str, count_failure: bool = True) -> bool:
+    """A runner's submission that could not finish ends its attempt; the job stays in
+    flight with an expired lease, for the runner's next check to resolve."""
+    fields = dict(lease_expires_at=Now(), lease_owner="")
+    if count_failure:
+        fields["poll_failures"] = F("poll_failures") + 1
+    with transaction.atomic(savepoint=False):
+        if not Job.objects.fenced(job_id, token).update(**fields):
+            return False
+        attempt_finish(attempt, outcome, reason)
+    return True
+
+
+def job_hand_out_again(job_id, token, *, hold: timedelta, if_over: bool = False, forgotten: str = "") -> uuid.UUID | None:
+    """A runner's work handed out again under a fresh lease (leases.lease_reissue): a
+    submission whose worker is gone ends interrupted; a collection's attempt waits at the
+    remote again for the next collector. `forgotten`: the instance lost the prompt, which
+    is posted again as the job's next attempt (its open one ends lost with this reason)."""
+    with transaction.atomic(savepoint=False):
+        new_token = lease_reissue(job_id, token, hold=hold, if_over=if_over)
+        if new_token is None:
+            return None
+        if forgotten:
+            attempts_close_open([job_id], outcome=Outcome.LOST, reason=forgotten)
+            Job.objects.fenced(job_id, new_token).update(attempts=F("attempts") + 1, poll_failures=0)
+        else:
+            attempts_interrupt([job_id], phase=Phase.SUBMIT)
+            attempts_to_remote([job_id], reason="its collector stopped")
+    return new_token
+
+
+def job_back_to_polling(job_id, token, *, reason: str) -> bool:
+    """processing (collecting) → processing (detached), checked again now: the task was
+    not ready to collect after all. The collector's attempt waits at the provider again."""
+    # A value, not Now(): the poller's claim compares next_poll_at for equality, and SQLite
+    # stores Now() at a precision a value read back does not match.
+    now = db_now()
+    with transaction.atomic(savepoint=False):
+        if not Job.objects.fenced(job_id, token).update(
+            poll_claimed_until=None, next_poll_at=now, lease_expires_at=None, lease_owner=""
+        ):
+            return False
+        attempts_to_remote([job_id], reason=reason)
+    return True
+
+
+def jobs_back_to_polling(job_ids, *, gone: Q) -> list:
+    """Detached jobs whose worker (an adopting retry, a collector) is gone, still matching
+    `gone` under a row lock: the lease goes, the poller checks them at once, and their
+    attempts wait at the provider again. Returns the ids moved."""
+    now = db_now()  # a value, as job_back_to_polling says
+    with transaction.atomic(savepoint=False):
+        ids = list(lock_jobs(Job.objects.filter(gone, id__in=list(job_ids))).values_list("id", flat=True))
+        if ids:
+            Job.objects.filter(gone, id__in=ids).update(
+                lease_expires_at=None, lease_owner="", next_poll_at=now, poll_claimed_until=None
+            )
+            attempts_to_remote(ids, reason="its worker stopped; the poller checks the task again")
+    return ids
+
+
+def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict, ending, held=None) -> bool:
+    """`ending`: (attempt, outcome, reason) for the attempt this ends. `held`: the job's
+    row, locked under `token` by the caller in this transaction (the output writer's)."""
     with transaction.atomic(savepoint=False):
         if held is not None:
             job = {"project_id": held.project_id, "active_provider_id": held.active_provider_id}
         else:
             job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
-        if not job:
-            return False
-        if not model_sql.update(Job, fence(job_id, token), dict(status=new_status, **SLOT_RELEASED, **fields)):
+        if not job or not model_sql.update(Job, fence(job_id, token), dict(status=new_status, **SLOT_RELEASED, **fields)):
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
-        # The freed slot is the provider's; only a job without one (a runner's: ComfyUI)
-        # wakes its project. Looking up the project's other pending work here cost every
-        # completion a query and found nothing a freed provider slot could take.
+        _end_attempt(job_id, *ending)
+        # A freed provider slot wakes its provider; only a job without one (a runner's)
+        # wakes its project (reading the project's pending work cost every completion).
         if job["active_provider_id"]:
             _after_commit_wake(provider_ids={job["active_provider_id"]})
         else:
@@ -259,33 +288,29 @@ def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict
     return True
 
 
-def job_complete(job_id, token, *, held=None) -> bool:
-    """processing → completed; frees the slot. Call inside the output writer's transaction
-    so the album items and the completion commit together (`held`: its locked row)."""
+def job_complete(job_id, token, *, held=None, attempt=None, reason: str = "") -> bool:
+    """processing → completed; frees the slot and ends `attempt` completed. Call inside the
+    output writer's transaction so the album items and the completion commit together."""
+    fields = dict(error="", error_class="", finished_at=timezone.now(), progress=1.0, lease_token=None)
+    ending = (attempt, Outcome.COMPLETED, reason)
     return _leave_processing(
-        job_id,
-        token,
-        new_status=Status.COMPLETED,
-        kind="job.completed",
-        fields=dict(error="", error_class="", finished_at=timezone.now(), progress=1.0, lease_token=None),
-        payload={},
-        held=held,
+        job_id, token, new_status=Status.COMPLETED, kind="job.completed", fields=fields, payload={}, ending=ending, held=held
     )
 
 
-def job_fail(job_id, token, *, reason: str, error_class: str, keep_task_id: bool = True) -> bool:
-    """processing → failed with a readable reason; frees the slot. The task id stays
-    unless the remote task is known dead, so a retry can collect an existing result."""
+def job_fail(
+    job_id, token, *, reason: str, error_class: ErrorClass, attempt=None, outcome=None, keep_task_id: bool = True
+) -> bool:
+    """processing → failed with a readable reason; frees the slot and ends `attempt` with
+    `outcome` (by default the error class's). The task id stays unless the remote task is
+    known dead, so a retry can collect an existing result."""
     fields = dict(error=reason[:2000], error_class=error_class, finished_at=timezone.now(), lease_token=None)
     if not keep_task_id:
         fields.update(task_id="", task_observed_at=None, next_poll_at=None)
+    payload = {"error": reason[:300], "error_class": error_class}
+    ending = (attempt, outcome or OUTCOME_OF[error_class], reason)
     return _leave_processing(
-        job_id,
-        token,
-        new_status=Status.FAILED,
-        kind="job.failed",
-        fields=fields,
-        payload={"error": reason[:300], "error_class": error_class},
+        job_id, token, new_status=Status.FAILED, kind="job.failed", fields=fields, payload=payload, ending=ending
     )
 
 
@@ -294,15 +319,16 @@ def job_requeue(
     token,
     *,
     reason: str,
-    error_class: str,
+    error_class: ErrorClass,
+    attempt=None,
+    outcome=None,
     delay: float = 0,
     refund_attempt: bool = False,
     keep_task_id: bool = False,
 ) -> bool:
-    """processing → pending, to be tried again after `delay` seconds (backoff). A
-    rate-limited attempt is refunded: the provider's cool-down, not the job, paid for it.
-    `keep_task_id`: the remote task finished and its result is still to be collected (a
-    full media disk): the next try adopts it instead of paying again."""
+    """processing → pending, tried again after `delay` seconds; ends `attempt` like job_fail.
+    A refunded try does not count against the job (a rate limit: the provider's cool-down
+    paid for it). `keep_task_id`: the remote task's result is still to be collected."""
     fields = dict(
         error=reason[:2000],
         error_class=error_class,
@@ -315,9 +341,18 @@ def job_requeue(
         fields.update(task_id="", task_observed_at=None)
     if refund_attempt:
         fields["attempts"] = F("attempts") - 1
+    ending = (attempt, outcome or OUTCOME_OF[error_class], reason)
+    payload = {"error": reason[:300]}
     return _leave_processing(
-        job_id, token, new_status=Status.PENDING, kind="job.requeued", fields=fields, payload={"error": reason[:300]}
+        job_id, token, new_status=Status.PENDING, kind="job.requeued", fields=fields, payload=payload, ending=ending
     )
+
+
+def job_lost(attempt, *, reason: str, task_id: str = "") -> bool:
+    """The job was taken from this worker (healed, cancelled, handed out again) before it
+    could write: its attempt ends as lost, unless whoever took the job ended it already.
+    Only a submit phase: a collection's attempt is the poller's again once fenced out."""
+    return attempt_finish(attempt, Outcome.LOST, reason, task_id, phase=Phase.SUBMIT)
 
 
 def _lease_gone(dead_owners=()) -> Q:
@@ -327,50 +362,30 @@ def _lease_gone(dead_owners=()) -> Q:
 
 
 def jobs_heal(job_ids, *, reason: str, dead_owners=()) -> list:
-    """processing (running, lease expired, or its owner known dead) → pending, for a batch
-    (the recovery scan, healing): one statement per step, not one compare-and-set per job.
-    Only jobs without a remote task id: a detached job keeps its slot and is polled
-    instead. Returns the ids that moved."""
-    return _jobs_leave_stalled(
-        job_ids,
-        lease_gone=_lease_gone(dead_owners),
-        new_status=Status.PENDING,
-        kind="job.healed",
-        fields=dict(error=reason, error_class="local"),
-        payload={"reason": reason},
-    )
+    """processing (running, its lease over or its owner dead) → pending, as a batch. Only
+    jobs without a remote task id: a detached job keeps its slot and is polled."""
+    fields = dict(error=reason, error_class=ErrorClass.LOCAL)
+    return _jobs_leave_stalled(job_ids, dead_owners, Status.PENDING, "job.healed", fields, {"reason": reason})
 
 
 def jobs_fail_stalled(job_ids, *, reason: str, dead_owners=()) -> list:
-    return _jobs_leave_stalled(
-        job_ids,
-        lease_gone=_lease_gone(dead_owners),
-        new_status=Status.FAILED,
-        kind="job.failed",
-        fields=dict(error=reason, error_class="local", finished_at=timezone.now()),
-        payload={"error": reason},
-    )
+    """Stalled jobs whose tries are used up → failed: a job that keeps losing its worker."""
+    fields = dict(error=reason, error_class=ErrorClass.LOCAL, finished_at=timezone.now())
+    return _jobs_leave_stalled(job_ids, dead_owners, Status.FAILED, "job.failed", fields, {"error": reason})
 
 
 def jobs_hold_stalled(job_ids, *, reason: str, dead_owners=()) -> list:
-    return _jobs_leave_stalled(
-        job_ids,
-        lease_gone=_lease_gone(dead_owners),
-        new_status=Status.FAILED,
-        kind="job.failed",
-        fields=dict(error=reason, error_class=ErrorClass.ATTENTION, finished_at=timezone.now()),
-        payload={"error": reason},
-    )
+    """Stalled jobs that may have been submitted → failed, held for attention: the provider
+    record chose not to risk paying twice (engine/ambiguous.py)."""
+    fields = dict(error=reason, error_class=ErrorClass.ATTENTION, finished_at=timezone.now())
+    return _jobs_leave_stalled(job_ids, dead_owners, Status.FAILED, "job.failed", fields, {"error": reason})
 
 
-def _jobs_leave_stalled(job_ids, *, lease_gone: Q, new_status: str, kind: str, fields: dict, payload: dict) -> list:
-    """Running jobs (no task id) whose worker is gone leave processing, as one short
-    transaction: the rows still matching `lease_gone` are locked (a worker renewing one
-    right now holds it and is passed over), then one UPDATE moves exactly those — so a
-    worker that renewed before the lock keeps its job, and one that tries after finds
-    its token gone (fenced). The interrupted attempts close, one event per job and one
-    wake-up per provider go out, all in the same transaction. Returns the ids moved."""
-    stalled = Q(status=Status.PROCESSING, task_id="") & lease_gone
+def _jobs_leave_stalled(job_ids, dead_owners, new_status: str, kind: str, fields: dict, payload: dict) -> list:
+    """Running jobs whose worker is gone leave processing in one short transaction: the rows
+    still stalled are locked (a worker renewing one now holds it and is passed over), one
+    UPDATE moves exactly those, their attempts end interrupted. Returns the ids moved."""
+    stalled = Q(status=Status.PROCESSING, task_id="") & _lease_gone(dead_owners)
     with transaction.atomic(savepoint=False):
         rows = list(
             lock_jobs(Job.objects.filter(stalled, id__in=list(job_ids))).values_list("id", "project_id", "active_provider_id")
@@ -381,43 +396,20 @@ def _jobs_leave_stalled(job_ids, *, lease_gone: Q, new_status: str, kind: str, f
         Job.objects.filter(stalled, id__in=ids).update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
         attempts_interrupt(ids)
         events.emit_grouped([(project_id, kind, job_id, new_status, payload) for job_id, project_id, _ in rows])
-        # A freed provider slot wakes its provider; only a job without one (a runner's)
-        # wakes its project — a project wake reads all its pending work, per batch.
         _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows if not row[2]})
     return ids
-
-
-def job_attach_task(job_id, token, *, task_id: str) -> bool:
-    """processing → processing with a remote task id, for runner-driven jobs (ComfyUI):
-    the id the runner chose is stored, fenced by the lease token, before it is posted or
-    anything waits on it. The lease stays with the runner (no detached polling)."""
-    now = timezone.now()
-    with transaction.atomic(savepoint=False):
-        job = Job.objects.fenced(job_id, token).values("project_id").first()
-        if not job:
-            return False
-        changed = Job.objects.fenced(job_id, token).update(task_id=task_id, task_observed_at=now, poll_failures=0)
-        if changed:
-            events.emit(job["project_id"], "job.submitted", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
-    return bool(changed)
 
 
 CANCELLED_REASON = "cancelled"
 
 
 def jobs_cancel(job_ids, *, by: str = "user") -> list[dict]:
-    """pending/processing → failed with reason "cancelled" (error_class "cancelled"), at once.
-
-    A processing job frees its slot in the same UPDATE and its lease token goes, so the
-    worker still running it is fenced out: its result writes no file, no album item, and
-    no retry. Open attempts end as cancelled. The task id stays, as after a timeout: a
-    retry looks at the (cancelled) task first and submits anew once it finds it dead —
-    or collects it, if the provider finished it anyway.
-
-    Returns the moved jobs as {id, project_id, project__kind, status (before),
-    active_provider_id, task_id, resolved}, so the caller can cancel their remote tasks
-    after commit — never here, inside the transaction.
-    """
+    """pending/processing → failed, error class "cancelled", at once. A processing job frees
+    its slot and loses its lease token in the same UPDATE, so its worker is fenced out
+    (no file, no album item, no retry), and its open attempt ends cancelled. The task id
+    stays, as after a timeout. Returns the moved rows (id, project_id, project__kind,
+    status before, active_provider_id, task_id, resolved): the caller cancels their remote
+    tasks after commit, never inside this transaction."""
     cancellable = (Status.PENDING, Status.PROCESSING)
     with transaction.atomic(savepoint=False):
         rows = list(
@@ -427,10 +419,9 @@ def jobs_cancel(job_ids, *, by: str = "user") -> list[dict]:
         )
         if not rows:
             return []
-        ids = [row["id"] for row in rows]
-        processing = [row["id"] for row in rows if row["status"] == Status.PROCESSING]
-        attempts_cancel(processing, reason=f"cancelled by {by}", recorded_by=by)
-        Job.objects.filter(id__in=ids, status__in=cancellable).update(
+        freed = [row for row in rows if row["status"] == Status.PROCESSING]
+        attempts_close_open([row["id"] for row in freed], outcome=Outcome.CANCELLED, reason=f"cancelled by {by}")
+        Job.objects.filter(id__in=[row["id"] for row in rows], status__in=cancellable).update(
             status=Status.FAILED,
             **SLOT_RELEASED,
             lease_token=None,
@@ -444,7 +435,6 @@ def jobs_cancel(job_ids, *, by: str = "user") -> list[dict]:
         payload = {"error": CANCELLED_REASON, "error_class": ErrorClass.CANCELLED}
         events.emit_grouped([(row["project_id"], "job.cancelled", row["id"], Status.FAILED, payload) for row in rows])
         # Freed slots are refilled at once: a provider's, or a runner's (ComfyUI) place.
-        freed = [row for row in rows if row["status"] == Status.PROCESSING]
         _after_commit_wake(
             provider_ids={row["active_provider_id"] for row in freed},
             project_ids={row["project_id"] for row in freed if not row["active_provider_id"]},

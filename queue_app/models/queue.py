@@ -231,7 +231,14 @@ class Job(models.Model):
 
 
 class JobAttempt(models.Model):
-    """Append-only: one row per execution attempt of a job."""
+    """One row per provider call of a job, numbered 1, 2, 3 across its retries and heals.
+    A detached task's submit and its later collection are phases of one attempt: the row
+    is open (no `finished_at`) until the attempt's outcome is final."""
+
+    class Phase(models.TextChoices):
+        SUBMIT = "submit"  # a worker calls the provider (the whole of a synchronous call)
+        REMOTE = "remote"  # the task runs at the provider; the poller (or a runner) checks it
+        COLLECT = "collect"  # a worker fetches the finished task's result
 
     class Outcome(models.TextChoices):
         RUNNING = "running"
@@ -253,6 +260,9 @@ class JobAttempt(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=14, choices=Outcome.choices, default=Outcome.RUNNING)
+    phase = models.CharField(max_length=8, choices=Phase.choices, default=Phase.SUBMIT)
+    detached_at = models.DateTimeField(null=True, blank=True)  # the submit phase's end: the task id was stored
+    collecting_at = models.DateTimeField(null=True, blank=True)  # a worker began to collect the result
     reason = models.TextField(blank=True, default="")
     task_id = models.CharField(max_length=512, blank=True, default="")
     # Copied from the job when the attempt opens (`save`): the monitor's history, the

@@ -6,7 +6,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from django.utils import timezone
 
 from queue_app.models import PushSubscription
-from queue_app.notifications.outbox import push_send
+from queue_app.notifications.outbox import Delivery, push_send
 from queue_app.providers import net
 
 
@@ -64,9 +64,9 @@ def test_send(*, subscription: PushSubscription) -> str:
             "tag": "push-test",
         },
     )
-    if outcome == "sent":
+    if outcome == Delivery.SENT:
         PushSubscription.objects.filter(id=subscription.id).update(last_used_at=timezone.now())
-    elif outcome == "gone":
+    elif outcome == Delivery.GONE:
         subscription.delete()
     return outcome
 

@@ -21,6 +21,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from datetime import timedelta
+from enum import StrEnum
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -55,6 +56,15 @@ SEND_BATCH = 50
 OUTBOX_RETENTION = timedelta(days=7)
 
 
+class Delivery(StrEnum):
+    """What one send did (push_send); an outbox row records SENT or FAILED ("" while due)."""
+
+    SENT = "sent"
+    GONE = "gone"  # 404/410: the device unsubscribed
+    RETRY = "retry"  # network, 429, 5xx: worth another try
+    FAILED = "failed"  # anything else: a bad endpoint or request
+
+
 class _NetSession:
     """What pywebpush needs of a requests session (`post`), routed through queue_app.providers.net:
     the SSRF guard on the endpoint, explicit timeouts, a capped response, no redirects."""
@@ -86,7 +96,7 @@ def _push(subscription: PushSubscription, payload: dict, *, private_key: str | N
         net.check_url(subscription.endpoint)
     except net.UnsafeURL as error:
         log.warning("push to subscription %s refused: %s", subscription.id, str(error).replace(subscription.endpoint, host))
-        return "failed", None
+        return Delivery.FAILED, None
     private = private_key or vapid_keys()[1]
     topic = str(payload.get("tag", ""))[:32]
     try:
@@ -103,18 +113,18 @@ def _push(subscription: PushSubscription, payload: dict, *, private_key: str | N
     except WebPushException as error:
         status = error.response.status_code if error.response is not None else None
         if status in (404, 410):
-            return "gone", None
+            return Delivery.GONE, None
         log.warning("push to subscription %s at %s failed: HTTP %s", subscription.id, host, status)
         if status == 429:
             from queue_app.providers.http_errors import retry_delay
 
-            return "retry", retry_delay(error.response.headers)
-        return ("retry" if status is None or status >= 500 else "failed"), None
+            return Delivery.RETRY, retry_delay(error.response.headers)
+        return (Delivery.RETRY if status is None or status >= 500 else Delivery.FAILED), None
     except Exception as error:  # network errors, timeouts, a bad key: never the endpoint's path
         log.warning("push to subscription %s at %s failed: %s", subscription.id, host, type(error).__name__)
         # requests' errors (connection, timeout) are OSErrors: worth another try
-        return ("retry" if isinstance(error, OSError) else "failed"), None
-    return "sent", None
+        return (Delivery.RETRY if isinstance(error, OSError) else Delivery.FAILED), None
+    return Delivery.SENT, None
 
 
 def outbox_claim(*, now, limit: int = SEND_BATCH) -> tuple[list[int], object]:
@@ -143,18 +153,18 @@ def outbox_record(row: PushOutbox, outcome: str, *, until, retry_after: float | 
     # The database's clock: the retry's due time is compared by every host's sender.
     done = Now()
     mine = PushOutbox.objects.filter(id=row.id, outcome="", claimed_until=until)
-    if outcome == "sent":
-        mine.update(outcome="sent", sent_at=done, claimed_until=None)
+    if outcome == Delivery.SENT:
+        mine.update(outcome=Delivery.SENT, sent_at=done, claimed_until=None)
         PushSubscription.objects.filter(id=row.subscription_id).update(last_used_at=done)
-    elif outcome == "gone":
+    elif outcome == Delivery.GONE:
         # The device unsubscribed (or its browser was reset): forget it, with its outbox.
         PushSubscription.objects.filter(id=row.subscription_id).delete()
         log.info("push subscription %s is gone; deleted", row.subscription_id)
-    elif outcome == "retry" and row.attempts < SEND_MAX_ATTEMPTS:
+    elif outcome == Delivery.RETRY and row.attempts < SEND_MAX_ATTEMPTS:
         delay = min(RETRY_AFTER_CAP_SECONDS, retry_after) if retry_after else min(300, 5 * 2**row.attempts)
         mine.update(claimed_until=None, next_try_at=done + timedelta(seconds=delay))
     else:
-        mine.update(outcome="failed", claimed_until=None)
+        mine.update(outcome=Delivery.FAILED, claimed_until=None)
 
 
 def _send_and_record(row: PushOutbox, until, private_key: str) -> str:
@@ -164,7 +174,7 @@ def _send_and_record(row: PushOutbox, until, private_key: str) -> str:
         return outcome
     except Exception:
         log.exception("push outbox row %s: sending failed", row.id)
-        return "failed"
+        return Delivery.FAILED
     finally:
         connection.close()  # this pool thread's own connection
 

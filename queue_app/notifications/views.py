@@ -93,7 +93,8 @@ def push_test(request):
     if subscription is None:
         return JsonResponse({"ok": False, "error": "this browser is not subscribed"}, status=404)
     outcome = devices.test_send(subscription=subscription)
-    return JsonResponse({"ok": outcome == "sent", "outcome": outcome}, status=200 if outcome == "sent" else 502)
+    sent = outcome == outbox.Delivery.SENT
+    return JsonResponse({"ok": sent, "outcome": outcome}, status=200 if sent else 502)
 
 
 @require_GET

@@ -48,13 +48,13 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 
 from queue_app import providers
-from queue_app.engine import enqueue, events, failpoints, remote_cancel
-from queue_app.engine.attempts import Outcome
+from queue_app.engine import enqueue, events, failpoints, remote_cancel, transitions
+from queue_app.engine.attempts import OPEN
 from queue_app.engine.clock import db_now
 from queue_app.engine.provider_state import pause_for_account
-from queue_app.engine.results import Applied, apply_failed, detached_job, fail_checked
+from queue_app.engine.results import Applied, apply_failed, detached_job
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job, Provider
+from queue_app.models import ErrorClass, Job, Provider
 from queue_app.providers import adapter_for, budget, poll_seconds
 from queue_app.providers.base import AccountError, Failed, Finished, PermanentError, ProviderError, Running
 from queue_app.queue_service import poll_batch
@@ -72,8 +72,6 @@ COLLECT_CLAIM_SECONDS = settings.CLAIM_TTL_SECONDS
 # adapters report as a dead task at once), after which the job fails: one refusal may be
 # a provider's hiccup, a run of them will not end before the processing timeout.
 POLL_REFUSALS_TO_FAIL = 3
-# What the attempt log names the poller's own records by.
-WORKER = "poller"
 # A step claims only the checks whose budget turns start within this: a check never
 # holds a thread long waiting for its turn.
 TURN_HORIZON_SECONDS = 1.0
@@ -407,7 +405,7 @@ def check_job(job_id, token, *, now=None, turn=None) -> Applied:
     if isinstance(state, Finished):
         return _hand_to_collector(job, token, now=now)
     if isinstance(state, Failed):
-        return apply_failed(job, token, state, max_attempts=provider.max_attempts, recorded_by=WORKER)
+        return apply_failed(job, token, state, max_attempts=provider.max_attempts, attempt=OPEN)
     return Applied.UNKNOWN
 
 
@@ -419,7 +417,7 @@ def _time_out(job: Job, token) -> Applied:
     )
     # The task id stays: a retry looks at the task first and collects it if it finished
     # late, instead of paying for a new one.
-    failed = fail_checked(job, token, recorded_by=WORKER, outcome=Outcome.TIMEOUT, reason=reason, error_class="timeout")
+    failed = transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.TIMEOUT, attempt=OPEN)
     if failed:
         # Its slot is given away now: stop the task at the provider too, or it keeps
         # running (and billing) beside the job that takes the slot. After the commit,
@@ -463,7 +461,7 @@ def _give_up_checking(job: Job, token, reason: str) -> Applied:
     the job readably instead of polling until the processing timeout. The task id goes:
     nothing can be learnt about it, so a retry submits anew."""
     reason = f"the provider refused {POLL_REFUSALS_TO_FAIL} status checks in a row for task {job.task_id[:40]}: {reason}"
-    failed = fail_checked(
-        job, token, recorded_by=WORKER, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent", keep_task_id=False
+    failed = transitions.job_fail(
+        job.id, token, reason=reason, error_class=ErrorClass.PERMANENT, attempt=OPEN, keep_task_id=False
     )
     return Applied.FAILED if failed else Applied.SKIPPED

@@ -24,12 +24,11 @@ with the number of batches, not jobs, and memory stays flat at any size.
 import logging
 from datetime import timedelta
 
-from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from queue_app.engine import ambiguous, backoff, dispatch, heartbeats, runner_registry, transitions
-from queue_app.engine.attempts import Outcome, attempts_interrupt
+from queue_app.engine.attempts import Outcome
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, Job, JobAttempt, Status
 
@@ -123,7 +122,7 @@ def release_dead_clusters_handoffs() -> int:
     collections = (
         untaken.exclude(task_id="")
         .filter(lease_expires_at__isnull=True, poll_claimed_until__gt=Now())
-        .update(poll_claimed_until=None, next_poll_at=Now())
+        .update(poll_claimed_until=None, next_poll_at=db_now())  # a value: the poller's claim compares it
     )
     Heartbeat.objects.filter(id__in=dead).delete()
     if claims or collections:
@@ -193,26 +192,14 @@ def _heal_dead_owners(now) -> int:
 
 
 def _back_to_poller(lease_gone: Q) -> int:
-    """Detached jobs whose worker (an adopting retry, a collector) is gone: the lease goes,
-    the poller checks them at once, their open attempts end as interrupted. Per batch one
-    transaction: the rows still matching are locked, then updated and their attempts closed,
-    so a worker that renewed meanwhile keeps its lease and its attempt."""
+    """Detached jobs whose worker (an adopting retry, a collector) is gone go back to the
+    poller, checked at once, per batch in one transaction (transitions.jobs_back_to_polling)."""
     gone = Q(status=Status.PROCESSING) & ~Q(task_id="") & lease_gone
     jobs = Job.objects.filter(gone).exclude(project__kind__in=runner_registry.kinds())
-    moved_in_all = 0
+    moved = 0
     for rows in _batches(jobs.values_list("id")):
-        with transaction.atomic():
-            ids = list(
-                transitions.lock_jobs(Job.objects.filter(gone, id__in=[row[0] for row in rows])).values_list("id", flat=True)
-            )
-            if not ids:
-                continue
-            Job.objects.filter(gone, id__in=ids).update(
-                lease_expires_at=None, lease_owner="", next_poll_at=Now(), poll_claimed_until=None
-            )
-            attempts_interrupt(ids)
-        moved_in_all += len(ids)
-    return moved_in_all
+        moved += len(transitions.jobs_back_to_polling([row[0] for row in rows], gone=gone))
+    return moved
 
 
 def recover() -> dict:

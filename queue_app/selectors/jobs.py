@@ -63,6 +63,8 @@ def job_detail(job: Job, *, user, now=None) -> dict:
     providers = visible_providers(user)
     live = heartbeats.liveness(now=now)
     attempts = list(job.attempt_log.order_by("number", "id"))
+    for attempt in attempts:
+        attempt.phases = attempt_phases(attempt)
     row = job_row(job, providers=providers, live=live, now=now, attempts=attempts)
     snap = job.resolved or {}
     snapshot = [(label, snap.get(key)) for key, label in SNAPSHOT_FIELDS if snap.get(key) not in (None, "")]
@@ -80,6 +82,24 @@ def job_detail(job: Job, *, user, now=None) -> dict:
         "output_count": len(outputs),
         "retryable": job.status == Status.FAILED,
     }
+
+
+PHASE_LABELS = {"submit": "submitted", "remote": "at the provider", "collect": "collected"}
+
+
+def attempt_phases(attempt) -> list[dict]:
+    """The phases one attempt went through, each with its start and end ({"phase", "label",
+    "start", "end"}): a detached task's submit, its time at the provider and its
+    collection; [] for a call that answered at once (one phase, the attempt itself)."""
+    if attempt.detached_at is None:
+        return []
+    bounds = [
+        ("submit", attempt.started_at, attempt.detached_at),
+        ("remote", attempt.detached_at, attempt.collecting_at or (attempt.finished_at if attempt.phase == "remote" else None)),
+    ]
+    if attempt.collecting_at is not None:
+        bounds.append(("collect", attempt.collecting_at, attempt.finished_at))
+    return [{"phase": phase, "label": PHASE_LABELS[phase], "start": start, "end": end} for phase, start, end in bounds]
 
 
 def jobs_by_status(job_ids) -> dict:

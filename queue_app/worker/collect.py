@@ -8,28 +8,28 @@ back to the poller.
 """
 
 from django.db import close_old_connections
-from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
+from queue_app.engine import transitions
+from queue_app.engine.attempts import attempt_collect
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.results import Applied, apply_failed, detached_job, store_outputs
 from queue_app.engine.snapshot import resolved_job
-from queue_app.models import Job
 from queue_app.providers import adapter_for
 from queue_app.providers.base import Failed, Finished, ProviderError
 
 
 def collect_task(job_id, token) -> Applied:
     """Worker side of a finished remote task: re-read it (fresh output URLs) and store the
-    outputs through the output writer, which completes the job and frees its slot."""
+    outputs through the output writer, which completes the job and frees its slot. The
+    job's attempt goes on in its collect phase."""
     close_old_connections()
     job = detached_job(job_id, token)
     if job is None:
         return Applied.SKIPPED
     # The collector holds a renewed lease while it downloads: if it dies, the lease lapses
     # and healing hands the job back to the poller (which finds the task finished again).
-    attempt = attempt_begin(job, token)
+    attempt = attempt_collect(job, token)
     if attempt is None:
         return Applied.SKIPPED
     provider = job.active_provider
@@ -39,8 +39,7 @@ def collect_task(job_id, token) -> Applied:
             state = providers.call(request, adapter_for(provider.family).check, job.task_id, request)
         except Exception as error:
             reason = error.reason if isinstance(error, ProviderError) else type(error).__name__
-            attempt_finish(attempt.id, Outcome.TRANSIENT, f"collect check failed: {reason}")
-            return _back_to_polling(job.id, token)
+            return _back_to_polling(job.id, token, f"collect check failed: {reason}")
         if isinstance(state, Finished):
             secrets = (provider.api_key, provider.api_secret)
             return reconnecting_once(
@@ -48,15 +47,10 @@ def collect_task(job_id, token) -> Applied:
                 lambda: store_outputs(job.id, token, attempt.id, state.outputs, secrets=secrets, disk_full_waits=True),
             )
         if isinstance(state, Failed):
-            attempt_finish(attempt.id, Outcome.PERMANENT if state.permanent else Outcome.TRANSIENT, state.reason)
-            return apply_failed(job, token, state, max_attempts=provider.max_attempts)
-        attempt_finish(attempt.id, Outcome.DETACHED, "still running")
-        return _back_to_polling(job.id, token)
+            return apply_failed(job, token, state, max_attempts=provider.max_attempts, attempt=attempt.id)
+        return _back_to_polling(job.id, token, "still running")
 
 
-def _back_to_polling(job_id, token) -> Applied:
+def _back_to_polling(job_id, token, reason: str) -> Applied:
     """The task is not ready to collect after all: the poller checks it again now."""
-    changed = Job.objects.fenced(job_id, token).update(
-        poll_claimed_until=None, next_poll_at=Now(), lease_expires_at=None, lease_owner=""
-    )
-    return Applied.RUNNING if changed else Applied.SKIPPED
+    return Applied.RUNNING if transitions.job_back_to_polling(job_id, token, reason=reason) else Applied.SKIPPED

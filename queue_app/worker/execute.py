@@ -24,10 +24,10 @@ from django.db.models.functions import Now
 
 from queue_app import providers
 from queue_app.engine import ambiguous, backoff, dispatch, failpoints, outputs, remote_cancel, transitions
-from queue_app.engine.attempts import Outcome, attempt_begin, attempt_finish
+from queue_app.engine.attempts import Outcome, attempt_begin
 from queue_app.engine.leases import LeaseKeeper, leave_to_healing, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
-from queue_app.engine.results import Applied, fail_job, retry_or_give_up, store_outputs
+from queue_app.engine.results import Applied, retry_or_give_up, store_outputs
 from queue_app.engine.snapshot import resolved_job
 from queue_app.models import ErrorClass, Job, JobAttempt, Provider, Status
 from queue_app.providers import adapter_for, net, poll_seconds
@@ -120,16 +120,26 @@ def _execute(
     if claimed_earlier and Provider.objects.filter(id=provider.id, cooldown_until__gt=Now()).exists():
         # Claimed before another job's 429 cooled the provider down: do not send it into
         # the Retry-After window. The attempt is refunded like the 429 itself.
-        attempt_finish(attempt.id, Outcome.RATE_LIMITED, "not sent: the provider is cooling down")
         transitions.job_requeue(
-            job.id, token, reason="waiting for the provider's rate limit to pass", error_class="transient", refund_attempt=True
+            job.id,
+            token,
+            reason="not sent: waiting for the provider's rate limit to pass",
+            error_class=ErrorClass.TRANSIENT,
+            attempt=attempt.id,
+            outcome=Outcome.RATE_LIMITED,
+            refund_attempt=True,
         )
         return None
     if not job.task_id and not outputs.media_has_room():
-        attempt_finish(attempt.id, Outcome.LOCAL, f"not sent: {outputs.MEDIA_FULL_REASON}")
         delay = backoff.delay(max(job.attempts, 1))
         transitions.job_requeue(
-            job.id, token, reason=outputs.MEDIA_FULL_REASON, error_class="local", delay=delay, refund_attempt=True
+            job.id,
+            token,
+            reason=outputs.MEDIA_FULL_REASON,
+            error_class=ErrorClass.LOCAL,
+            attempt=attempt.id,
+            delay=delay,
+            refund_attempt=True,
         )
         return None
     try:
@@ -142,7 +152,7 @@ def _execute(
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
         log.exception("job %s: unexpected error from the %s adapter", job.id, provider.family)
         reason = f"internal error in the {provider.family} adapter: {type(error).__name__}"
-        fail_job(job.id, token, attempt.id, outcome=Outcome.LOCAL, reason=reason, error_class="local")
+        transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.LOCAL, attempt=attempt.id)
         return provider.id
     return reconnecting_once(job.id, lambda: _apply(job, token, provider, attempt, keeper, result, handover))
 
@@ -152,14 +162,13 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
     if isinstance(result, ProviderError):
         return _handle_failure(job, token, provider, attempt, result)
     if keeper.lost.is_set():
-        attempt_finish(attempt.id, Outcome.LOST, "lease lost while the provider worked")
+        transitions.job_lost(attempt.id, reason="lease lost while the provider worked")
         _stop_if_cancelled(job, provider, result)
         return None
     if isinstance(result, Submitted):
         failpoints.hit("after_submit_before_task_id")
         seconds = poll_seconds(provider.family)
-        if not transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=seconds, attempt_id=attempt.id):
-            attempt_finish(attempt.id, Outcome.LOST, "job taken before the task id was stored", result.task_id)
+        if not transitions.job_detach(job.id, token, task_id=result.task_id, poll_seconds=seconds, attempt=attempt.id):
             _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
@@ -200,31 +209,40 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         # Not this job's fault: pause the provider until a person fixes the account, and
         # keep the job queued for then.
         pause_for_account(provider, reason)
-        attempt_finish(attempt.id, Outcome.PERMANENT, reason)
-        transitions.job_requeue(job.id, token, reason=reason, error_class="permanent", refund_attempt=True)
+        transitions.job_requeue(
+            job.id, token, reason=reason, error_class=ErrorClass.PERMANENT, attempt=attempt.id, refund_attempt=True
+        )
         return None
     if isinstance(error, PermanentError):
-        fail_job(job.id, token, attempt.id, outcome=Outcome.PERMANENT, reason=reason, error_class="permanent")
+        transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.PERMANENT, attempt=attempt.id)
         return provider.id
     if isinstance(error, TransientError) and error.delay:
         cool_down(provider.id, error.delay)
-        attempt_finish(attempt.id, Outcome.RATE_LIMITED, reason)
-        transitions.job_requeue(job.id, token, reason=reason, error_class="transient", refund_attempt=True)
+        transitions.job_requeue(
+            job.id,
+            token,
+            reason=reason,
+            error_class=ErrorClass.TRANSIENT,
+            attempt=attempt.id,
+            outcome=Outcome.RATE_LIMITED,
+            refund_attempt=True,
+        )
         dispatch.wake_later(provider.id, error.delay)
         return None  # the provider is cooling down: nothing to refill now
     if isinstance(error, AmbiguousError) and ambiguous.holds(provider.options, job.project.kind):
         # The provider may have accepted (and billed) it; this record chose a visible
         # stuck job over a silent second charge.
-        fail_job(
-            job.id,
-            token,
-            attempt.id,
-            outcome=Outcome.AMBIGUOUS,
-            reason=f"{ambiguous.HOLD_REASON} ({reason})",
-            error_class=ErrorClass.ATTENTION,
-        )
+        reason = f"{ambiguous.HOLD_REASON} ({reason})"
+        transitions.job_fail(job.id, token, reason=reason, error_class=ErrorClass.ATTENTION, attempt=attempt.id)
         return provider.id
     outcome = Outcome.AMBIGUOUS if isinstance(error, AmbiguousError) else Outcome.TRANSIENT
-    attempt_finish(attempt.id, outcome, reason)
-    retry_or_give_up(job, token, max_attempts=provider.max_attempts, reason=reason, error_class=error.error_class)
+    retry_or_give_up(
+        job,
+        token,
+        max_attempts=provider.max_attempts,
+        reason=reason,
+        error_class=ErrorClass(error.error_class),
+        attempt=attempt.id,
+        outcome=outcome,
+    )
     return provider.id
