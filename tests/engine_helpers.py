@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 
 from queue_app.engine import events, hot_sql, runner_registry
 from queue_app.models import Job, Status
-from queue_app.queue_service import poller
+from queue_app.queue_service import poll_pool, poller
 
 
 def poll_once(*, now=None, families=None, parallelism: int | None = None) -> int:
@@ -25,11 +25,11 @@ def poll_once(*, now=None, families=None, parallelism: int | None = None) -> int
             poller.check_job(job_id, token, now=now)
         return len(claimed)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll") as pool:
-        list(pool.map(lambda item: poller._check_in_thread(item[0], item[1], now=now, keep_connection=False), claimed))
+        list(pool.map(lambda item: poll_pool._check_in_thread(item[0], item[1], now=now, keep_connection=False), claimed))
     return len(claimed)
 
 
-def inflight(pool: poller.Poller) -> int:
+def inflight(pool: poll_pool.Poller) -> int:
     """The checks a Poller has running now."""
     with pool._lock:
         return sum(pool._inflight.values())

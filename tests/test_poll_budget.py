@@ -16,7 +16,7 @@ from queue_app.models import Job, Status
 from queue_app.providers import budget
 from queue_app.providers.base import Running
 from queue_app.providers.options import clean_options
-from queue_app.queue_service import poll_batch, poller
+from queue_app.queue_service import poll_batch, poll_pool, poller
 from queue_app.selectors.queue import queue_status
 from queue_app.web.metrics import EVERYONE
 from tests.engine_helpers import inflight
@@ -122,7 +122,7 @@ def test_the_poller_never_sends_more_status_requests_than_the_budget_allows(owne
             return Running()
 
     monkeypatch.setattr(poller, "adapter_for", lambda family: CountingAdapter)
-    pool = poller.Poller(parallelism=1, clock=clock.clock, sleep=clock.sleep)
+    pool = poll_pool.Poller(parallelism=1, clock=clock.clock, sleep=clock.sleep)
     try:
         for _ in range(200):  # 200 s of the fake clock, a step a second as the queue service runs
             pool.step()
@@ -151,7 +151,7 @@ def test_replicate_tasks_are_checked_through_its_list_a_hundred_a_request(owner,
         match=[responses.matchers.query_param_matcher({"cursor": "p2"})],
     )
     single = responses.add(responses.GET, f"{LIST}/task0007", json=running[7])
-    pool = poller.Poller(parallelism=4)
+    pool = poll_pool.Poller(parallelism=4)
     step_once(pool)
     lists = [call for call in responses.calls if call.request.url.split("?")[0] == LIST]
     assert len(lists) == 2  # two requests for 150 tasks, each counted once against the budget
@@ -189,7 +189,7 @@ def test_what_a_list_leaves_is_checked_singly_within_the_providers_share_of_thre
             return Running()
 
     monkeypatch.setattr(poller, "adapter_for", lambda family: ListShowingNoneRunning)
-    pool = poller.Poller(parallelism=4, per_provider=2)
+    pool = poll_pool.Poller(parallelism=4, per_provider=2)
     step_once(pool)
     assert sorted(checked) == [f"task{i:04d}" for i in range(20)]
     assert peak[0] <= 2  # never more than its share: other providers' checks are not queued behind them
@@ -216,7 +216,7 @@ def test_what_a_list_leaves_is_checked_when_the_list_returns_before_its_step_end
             return Running()
 
     monkeypatch.setattr(poller, "adapter_for", lambda family: ListShowingNoneRunning)
-    pool = poller.Poller(parallelism=4, per_provider=2)
+    pool = poll_pool.Poller(parallelism=4, per_provider=2)
     claim_due = poller.claim_due
 
     waited = []
@@ -249,7 +249,7 @@ def test_two_batch_claims_never_take_the_same_job(owner):
 def test_a_failed_list_request_releases_its_tasks_without_a_burst_of_single_checks(owner):
     provider = detached_many(owner, "replicate", 30)
     responses.add(responses.GET, LIST, json={"detail": "down"}, status=503)
-    pool = poller.Poller(parallelism=4)
+    pool = poll_pool.Poller(parallelism=4)
     step_once(pool)
     assert len(responses.calls) == 1
     jobs = Job.objects.filter(active_provider=provider)

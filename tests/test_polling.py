@@ -18,7 +18,7 @@ from django.utils import timezone
 from queue_app.engine import snapshot, transitions
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.providers.base import Running
-from queue_app.queue_service import poller, recovery
+from queue_app.queue_service import poll_pool, poller, recovery
 from queue_app.queue_service.loop import QueueService
 from queue_app.services.jobs import failed_jobs_clear, jobs_retry, jobs_start
 from tests import procs
@@ -148,7 +148,7 @@ def test_a_slow_provider_does_not_delay_the_others(owner, monkeypatch):
             return Running(progress=0.5)
 
     monkeypatch.setattr(poller, "adapter_for", lambda family: SlowAdapter if family == "runninghub" else FastAdapter)
-    pool = poller.Poller(parallelism=4)
+    pool = poll_pool.Poller(parallelism=4)
     try:
         assert pool.step() == 2
         deadline = time.monotonic() + 20
@@ -179,7 +179,7 @@ def test_a_poll_thread_takes_the_next_due_check_when_its_own_ends(owner, monkeyp
             return Running(progress=0.25)
 
     monkeypatch.setattr(poller, "adapter_for", lambda family: SlowishAdapter)
-    pool = poller.Poller(parallelism=2, per_provider=2)
+    pool = poll_pool.Poller(parallelism=2, per_provider=2)
     try:
         assert pool.step() == 2  # the only step: two threads for ten due jobs
         deadline = time.monotonic() + 20

@@ -40,16 +40,12 @@ from queue_app.engine.leases import lease_expiry, lease_reissue
 from queue_app.models import ErrorClass, Job, Status, fence
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
-# How an attempt ends when its job leaves processing with this error class.
-OUTCOME_OF = {
-    ErrorClass.PERMANENT: Outcome.PERMANENT,
-    ErrorClass.TRANSIENT: Outcome.TRANSIENT,
-    ErrorClass.AMBIGUOUS: Outcome.AMBIGUOUS,
-    ErrorClass.TIMEOUT: Outcome.TIMEOUT,
-    ErrorClass.LOCAL: Outcome.LOCAL,
-    ErrorClass.CANCELLED: Outcome.CANCELLED,
-    ErrorClass.ATTENTION: Outcome.AMBIGUOUS,  # held: its submission may have been accepted
-}
+# What a start or retry clears, and what every claim resets.
+FRESH_RUN = dict(error="", error_class="", not_before=None, attempts=0, finished_at=None, progress=None, poll_failures=0)
+CLAIM_RESET = dict(not_before=None, progress=None, poll_failures=0)
+# How an attempt ends when its job leaves processing with this error class: the outcome of
+# the same name, but a job held for attention, whose submission may have been accepted.
+OUTCOME_OF = {**{c: Outcome(c.value) for c in ErrorClass if c != ErrorClass.ATTENTION}, ErrorClass.ATTENTION: Outcome.AMBIGUOUS}
 
 
 def _after_commit_wake(provider_ids=(), project_ids=()):
@@ -85,17 +81,7 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
         now = timezone.now()
         # The project's run opens before the events go out: the lock order run_close uses.
         project_runs.runs_touch(project_ids={row[1] for row in rows}, at=now)
-        Job.objects.filter(id__in=ids, status__in=allowed).update(
-            status=Status.PENDING,
-            error="",
-            error_class="",
-            not_before=None,
-            attempts=0,
-            queued_at=now,
-            finished_at=None,
-            progress=None,
-            poll_failures=0,
-        )
+        Job.objects.filter(id__in=ids, status__in=allowed).update(status=Status.PENDING, queued_at=now, **FRESH_RUN)
         events.emit_grouped([(project_id, kind, job_id, Status.PENDING, {}) for job_id, project_id, _, _ in rows])
         _after_commit_wake(provider_ids={row[2] or row[3] for row in rows}, project_ids={row[1] for row in rows})
     return ids
@@ -137,19 +123,9 @@ def job_claim_unslotted(job_id, *, project_id: int, snapshot: dict, owner: str) 
     its own per-instance limit). Returns the lease token, or None."""
     token = uuid.uuid4()
     with transaction.atomic(savepoint=False):
-        changed = Job.objects.filter(id=job_id, status=Status.PENDING).update(
-            status=Status.PROCESSING,
-            resolved=snapshot,
-            lease_owner=owner,
-            lease_token=token,
-            lease_expires_at=lease_expiry(),
-            attempts=F("attempts") + 1,
-            started_at=timezone.now(),
-            not_before=None,
-            progress=None,
-            poll_failures=0,
-        )
-        if not changed:
+        lease = dict(lease_owner=owner, lease_token=token, lease_expires_at=lease_expiry(), started_at=timezone.now())
+        claimed = dict(status=Status.PROCESSING, resolved=snapshot, attempts=F("attempts") + 1, **lease, **CLAIM_RESET)
+        if not Job.objects.filter(id=job_id, status=Status.PENDING).update(**claimed):
             return None
         events.emit(project_id, "job.claimed", job_id, Status.PROCESSING)
     return token
@@ -163,14 +139,9 @@ def job_detach(job_id, token, *, task_id: str, poll_seconds: float, attempt=None
     now = db_now()  # the poller (any host) compares next_poll_at with the database's clock
     with transaction.atomic(savepoint=False):
         job = Job.objects.fenced(job_id, token).values("project_id").first()
+        polled = dict(next_poll_at=now + timedelta(seconds=poll_seconds), poll_claimed_until=None, poll_failures=0)
         changed = bool(job) and Job.objects.fenced(job_id, token).update(
-            task_id=task_id,
-            task_observed_at=now,
-            next_poll_at=now + timedelta(seconds=poll_seconds),
-            lease_owner="",
-            lease_expires_at=None,
-            poll_claimed_until=None,
-            poll_failures=0,
+            task_id=task_id, task_observed_at=now, lease_owner="", lease_expires_at=None, **polled
         )
         if changed:
             events.emit(job["project_id"], "job.detached", job_id, Status.PROCESSING, {"task_id": task_id[:64]})
@@ -315,28 +286,14 @@ def job_fail(
 
 
 def job_requeue(
-    job_id,
-    token,
-    *,
-    reason: str,
-    error_class: ErrorClass,
-    attempt=None,
-    outcome=None,
-    delay: float = 0,
-    refund_attempt: bool = False,
-    keep_task_id: bool = False,
+    job_id, token, *, reason: str, error_class, attempt=None, outcome=None, delay=0, refund_attempt=False, keep_task_id=False
 ) -> bool:
     """processing → pending, tried again after `delay` seconds; ends `attempt` like job_fail.
     A refunded try does not count against the job (a rate limit: the provider's cool-down
     paid for it). `keep_task_id`: the remote task's result is still to be collected."""
-    fields = dict(
-        error=reason[:2000],
-        error_class=error_class,
-        # The database's clock, which the claim compares it with (engine/clock.py).
-        not_before=Now() + timedelta(seconds=delay) if delay > 0 else None,
-        lease_token=None,
-        next_poll_at=None,
-    )
+    # On the database's clock, which the claim compares it with (engine/clock.py).
+    not_before = Now() + timedelta(seconds=delay) if delay > 0 else None
+    fields = dict(error=reason[:2000], error_class=error_class, not_before=not_before, lease_token=None, next_poll_at=None)
     if not keep_task_id:
         fields.update(task_id="", task_observed_at=None)
     if refund_attempt:
@@ -421,16 +378,9 @@ def jobs_cancel(job_ids, *, by: str = "user") -> list[dict]:
             return []
         freed = [row for row in rows if row["status"] == Status.PROCESSING]
         attempts_close_open([row["id"] for row in freed], outcome=Outcome.CANCELLED, reason=f"cancelled by {by}")
+        ended = dict(lease_token=None, finished_at=timezone.now(), not_before=None, progress=None, next_poll_at=None)
         Job.objects.filter(id__in=[row["id"] for row in rows], status__in=cancellable).update(
-            status=Status.FAILED,
-            **SLOT_RELEASED,
-            lease_token=None,
-            error=CANCELLED_REASON,
-            error_class=ErrorClass.CANCELLED,
-            finished_at=timezone.now(),
-            not_before=None,
-            progress=None,
-            next_poll_at=None,
+            status=Status.FAILED, error=CANCELLED_REASON, error_class=ErrorClass.CANCELLED, **SLOT_RELEASED, **ended
         )
         payload = {"error": CANCELLED_REASON, "error_class": ErrorClass.CANCELLED}
         events.emit_grouped([(row["project_id"], "job.cancelled", row["id"], Status.FAILED, payload) for row in rows])

@@ -31,7 +31,7 @@ from queue_app.engine import dispatch, heartbeats, runner_registry, wake_schedul
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
-from queue_app.queue_service import poller, recovery
+from queue_app.queue_service import poll_pool, recovery
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class QueueService:
         self.started_at = timezone.now()
         self.last_run: dict[str, float] = {}
         self.stopping = False
-        self.poller: poller.Poller | None = None
+        self.poller: poll_pool.Poller | None = None
         self.push_sender: outbox.Sender | None = None
         self.wake_at = None  # the next cool-down or backoff end, from wake_schedule
         self.wake_read_at = None
@@ -117,7 +117,7 @@ class QueueService:
     def step_poll(self, now=None) -> bool:
         # The checks run on the poller's own threads; this step only claims and starts them.
         if self.poller is None:
-            self.poller = poller.Poller()
+            self.poller = poll_pool.Poller()
         return self.poller.step(now=now) > 0
 
     def step_runners(self) -> bool:
