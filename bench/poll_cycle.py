@@ -117,7 +117,7 @@ class Cycles:
         from django.db import connections
 
         from queue_app.models import Job
-        from queue_app.queue_service import poller
+        from queue_app.queue_service import poll_pool
         from queue_app.selectors.queue import queue_status
         from queue_app.web.metrics import EVERYONE
 
@@ -133,7 +133,7 @@ class Cycles:
 
         self.counter.count = 0
         # As the queue service runs it: a step a second; the threads refill themselves between.
-        pool = poller.Poller(parallelism=self.parallelism)
+        pool = poll_pool.Poller(parallelism=self.parallelism)
         started = time.monotonic()
         last_step = 0.0
         while polled() < count:
@@ -164,7 +164,7 @@ def report(cycles: Cycles, *, detached: int, single_detached: int, stack: str) -
     """The list endpoint (a page of 100 a request, within Replicate's 3,000 a minute), then
     one request a task, then a family without a list at its default budget."""
     from queue_app.providers import budget
-    from queue_app.queue_service import poller
+    from queue_app.queue_service import poll_pool
 
     latency = cycles.latency_ms
     batched = cycles.run("replicate-list", detached)
@@ -193,12 +193,12 @@ def report(cycles: Cycles, *, detached: int, single_detached: int, stack: str) -
     if single_detached:
         # The same provider with its list endpoint left unused: one request a task, spaced
         # to the 3,000 a minute (50 a second) budget — the old figure's setting.
-        real_batch_size = poller._batch_size
-        poller._batch_size = lambda family: 1
+        real_batch_size = poll_pool._batch_size
+        poll_pool._batch_size = lambda family: 1
         try:
             single = cycles.run("replicate-single", single_detached)
         finally:
-            poller._batch_size = real_batch_size
+            poll_pool._batch_size = real_batch_size
         report_single(single, single_detached, latency, stack)
     # A family with no list endpoint at its undocumented-limit default: what the monitor
     # would report for the same number of tasks.
