@@ -3,8 +3,9 @@
 - No module in queue_app/ or comfy_app/ over MODULE_LINES lines unless its docstring or
   its leading comment says why, in a line that starts "Long because:".
 - No function over FUNCTION_LINES lines (decorators and docstring included) in the
-  packages that run the queue: engine, worker, queue_service and the ComfyUI runner. A function
-  that must be longer goes on LONG_FUNCTIONS with its reason; keep that list tiny.
+  packages that run the queue: engine, worker, queue_service, notifications and comfy_app. A
+  function that must be longer goes on LONG_FUNCTIONS with its reason; keep that list tiny.
+- No docstring over DOCSTRING_WORDS words in those packages: what and why in a few lines.
 
 Migrations are generated and left out.
 """
@@ -18,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("queue_app", "comfy_app")
 MODULE_LINES = 400
 FUNCTION_LINES = 60
-STRICT_PACKAGES = ("queue_app/engine", "queue_app/worker", "queue_app/queue_service", "comfy_app/runner")
+STRICT_PACKAGES = ("queue_app/engine", "queue_app/worker", "queue_app/queue_service", "queue_app/notifications", "comfy_app")
+DOCSTRING_WORDS = 150
 REASON = "Long because:"
 
 # "path::function": why it is longer than FUNCTION_LINES. Empty today.
@@ -83,12 +85,32 @@ def long_functions(paths, root: Path = ROOT) -> list[str]:
     return found
 
 
+def long_docstrings(paths, root: Path = ROOT) -> list[str]:
+    """Docstrings (module, class, function) over DOCSTRING_WORDS words in the strict packages."""
+    found = []
+    for path in paths:
+        if not relative(path, root).startswith(tuple(f"{package}/" for package in STRICT_PACKAGES)):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in [tree, *ast.walk(tree)]:
+            if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            words = len((ast.get_docstring(node) or "").split())
+            if words > DOCSTRING_WORDS:
+                found.append(f"{relative(path, root)}::{getattr(node, 'name', '<module>')}: {words} words")
+    return sorted(set(found))
+
+
 def test_every_module_is_short_or_says_why_it_is_long():
     assert long_modules(modules()) == []
 
 
 def test_no_function_in_engine_worker_service_or_runner_is_over_sixty_lines():
     assert long_functions(modules()) == []
+
+
+def test_no_docstring_in_engine_worker_service_notifications_or_comfy_is_over_150_words():
+    assert long_docstrings(modules()) == []
 
 
 def test_the_allow_list_names_only_functions_that_exist_and_are_long():
@@ -118,3 +140,12 @@ def test_a_long_function_is_reported_only_in_the_strict_packages(tmp_path, packa
     module.write_text(f"class Loop:\n    @staticmethod\n    def step():\n{body.replace('    ', '        ')}")
     expected = [f"{package}/step.py::Loop.step: {FUNCTION_LINES + 2} lines"] if reported else []
     assert long_functions([module], tmp_path) == expected
+
+
+def test_a_long_docstring_is_reported_only_in_the_strict_packages(tmp_path):
+    for package in ("queue_app/engine", "queue_app/web"):
+        module = tmp_path / package / "step.py"
+        module.parent.mkdir(parents=True)
+        module.write_text('"""' + "word " * (DOCSTRING_WORDS + 1) + '"""\n\n\ndef f():\n    """Short."""\n')
+    found = long_docstrings(sorted(tmp_path.rglob("*.py")), tmp_path)
+    assert found == [f"queue_app/engine/step.py::<module>: {DOCSTRING_WORDS + 1} words"]

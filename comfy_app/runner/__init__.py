@@ -1,20 +1,13 @@
 """The ComfyUI runner: each project's jobs on its own instance, two prompts in flight.
 
-Who does what (one module each):
-- claim.py (any process; DB only): claim pending jobs into the instance's free places and
-  enqueue their submission;
-- submit.py (a django-q2 worker): store the prompt id we chose, then POST /prompt;
-- check.py (the queue service, every CHECK_SECONDS per instance, under a per-instance
-  driver lease): read /queue and /history, apply what they say, hand finished prompts to
-  a collector, claim the next jobs;
-- collect.py (a django-q2 worker): download the outputs; the queue's output writer
-  completes the job.
-`ComfyRunner` below wires them into the queue's runner registry (comfy_app.apps) and
-schedules the checks. A WebSocket listener per driven instance only makes checks happen
-sooner; the polling alone is correct.
-
-Every job write is fenced by the job's lease token; a job's status changes only through
-`queue_app.engine.transitions`. No network call happens inside a database transaction.
+claim.py (any process, database only) claims pending jobs into the instance's free places;
+submit.py (a worker) stores the prompt id it chose, then posts it; check.py (the queue
+service, per instance under a driver lease) reads /queue and /history and hands finished
+prompts to collect.py (a worker), whose download the queue's output writer completes. A
+prompt's post and its download are phases of one attempt. `ComfyRunner` plugs them into
+the runner registry and schedules the checks; a WebSocket per driven instance only makes
+checks come sooner. Every job write is fenced by the lease token, every status change goes
+through engine/transitions, and no network call happens inside a transaction.
 """
 
 import logging

@@ -1,19 +1,14 @@
-"""Check (the queue service, every CHECK_SECONDS per instance, on a bounded pool, under
-the per-instance driver lease so two queue services never drive one instance): GET
-/queue, then GET /history/<id> for prompts that left the queue; a finished prompt stops
-counting at once, its download is handed to a worker and the next job is claimed.
+"""Check (the queue service, every CHECK_SECONDS per instance, under the per-instance
+driver lease so two queue services never drive one instance): GET /queue, then GET
+/history/<id> for prompts that left it. A finished prompt stops counting at once and its
+download goes to a worker; then the freed places are claimed.
 
-check_instance(instance):
-1. take the driver lease, or leave the instance to the queue service that holds it;
-2. read /queue: an instance that does not answer fails the prompts it holds only after
-   UNREACHABLE_LIMIT (never-sent jobs go back to pending and wait, no new work is
-   claimed); a refused login fails them at once; another error counts as a failed check
-   of each prompt at ComfyUI;
-3. hand submissions and downloads whose worker is gone back to the workers;
-4. apply each prompt's state (`_check_run`): queued or running (until the processing
-   timeout), missing (posted again when the instance restarted since we posted it,
-   otherwise a few checks' grace), failed (out of memory: retried once), done;
-5. claim pending jobs into the places that freed up.
+An instance that does not answer fails the prompts it holds only after UNREACHABLE_LIMIT
+(never-sent jobs wait as pending); a refused login fails them at once; another error
+counts as a failed check. Submissions and downloads whose worker is gone are handed out
+again. A prompt is fine while queued or running (until the processing timeout); missing,
+it gets a few checks' grace, or is posted again when the instance restarted since; failed
+out of memory, it is retried once.
 """
 
 import logging

@@ -1,15 +1,9 @@
-"""Dispatch: claim pending jobs into a provider's free slots.
-
-`dispatch(provider_id)` is one short transaction with no network I/O:
-1. lock the provider row (PostgreSQL `FOR NO KEY UPDATE`, which does not block inserts
-   of new jobs that reference it; SQLite's IMMEDIATE transaction already holds the
-   database write lock), so claims for one provider are serialised across processes;
-2. read the slot numbers its processing jobs hold — those jobs are the active slots,
-   there is no counter to drift;
-3. claim the oldest dispatchable pending jobs into the free slot numbers in one
-   UPDATE that also writes each job's resolved snapshot and a fresh lease;
-4. enqueue their execution in the same transaction (ORM broker: atomic with the claim)
-   or on commit (Redis broker).
+"""Dispatch: claim pending jobs into a provider's free slots, as one short transaction
+with no network I/O: lock the provider row (PostgreSQL FOR NO KEY UPDATE, which does not
+block inserts of jobs that reference it; SQLite's IMMEDIATE transaction already holds the
+write lock), read the slots its processing jobs hold (no counter to drift), claim the
+oldest dispatchable jobs into the free ones and enqueue their execution (in the same
+transaction with the ORM broker, on commit with Redis).
 
 Lock order everywhere: provider row, then job rows, then project rows (events). The one
 exception is the handover (`Handover`), which holds its worker's own processing row before
@@ -156,26 +150,17 @@ def _claim_rows(
 
 
 class Handover:
-    """One commit per handover. A worker whose job completes passes this to the output
-    writer, whose transaction then also claims the provider's next job into the freed slot
-    and opens that job's attempt under this worker's lease: the job leaving its slot, the
-    claim and the attempt commit together (one commit where there were three), and the
-    worker runs the next job without reading it again.
+    """One commit per handover: the output writer's transaction, once the worker's job has
+    left its slot, claims the provider's next job into that slot and opens its attempt
+    under this worker's lease (`claim`), so the worker runs it without a broker trip.
 
-    `claim(vacated_slot)` runs in the writer's transaction once the job has left its slot.
-    It takes the provider lock only then, and shared (FOR SHARE): the handovers of one
-    provider's workers run side by side, each refilling only the slot its own job left,
-    which no other claim can take (it stays held until this commit), while a dispatch, a
-    cool-down or an edit of the provider waits for them, as they wait for it. A slot free
-    besides (a limit raised, a job that failed) is left to a dispatch after commit
-    (`more_room`), which takes the lock alone. Holding its own job's row first is safe:
-    whoever holds a provider lock (dispatch, another handover) touches pending rows only,
-    never a processing one. The candidate is taken with SKIP LOCKED: a pending row another
-    transaction holds (another handover's, a cancel, a project delete that may be waiting
-    for this worker's row) is left to the next claim instead of waited for. Only after
-    commit does `held` name the next job, as (job, token, attempt); `done` says the claim
-    committed (nobody needs to dispatch this provider again for the freed slot). With
-    `carry_on` False the claim goes to the broker and nothing is held."""
+    The provider lock is taken shared (FOR SHARE): handovers of one provider run side by
+    side, each refilling only the slot its own job left, while a dispatch, a cool-down or
+    an edit of the provider waits for them. Holding its own row first is safe: a provider
+    lock's holder touches pending rows only. The candidate is taken with SKIP LOCKED (a
+    row a cancel or a project delete holds may be waiting for this worker's row). After
+    commit `held` is (job, token, attempt), `done` says the claim committed, `more_room`
+    asks for a dispatch for slots free besides; `carry_on` False sends it to the broker."""
 
     def __init__(self, provider_id: int, *, carry_on: bool = True):
         self.provider_id = provider_id

@@ -35,17 +35,13 @@ def now_sql(vendor: str) -> tuple[str, tuple]:
 
 def lock_provider(provider_id: int, *, shared: bool = False) -> Provider | None:
     """The provider row, locked until commit, or None when it is paused or cooling down
-    (nothing is claimed for it then, and nothing locked). PostgreSQL: FOR NO KEY UPDATE,
-    which serialises claims and does not block inserts of jobs that reference it; with
-    `shared`, FOR SHARE, which handovers take together (each refills only the slot its own
-    job leaves) and which a claim, a cool-down or an edit of the provider waits for. SQLite's
-    IMMEDIATE transaction already holds the database's one write lock.
-
-    With `shared`, the row also carries `busy_slots`: how many of its jobs are processing,
-    as this transaction sees them. A handover needs only that count (it refills the slot
-    it left), and reading it here saves a statement. After a wait for the lock the count
-    may be from before the wait; each job that left meanwhile refilled its own slot, and
-    a dispatch after commit fills any room left."""
+    (nothing is claimed then, nothing locked). PostgreSQL: FOR NO KEY UPDATE, which does
+    not block inserts of jobs that reference it; `shared`: FOR SHARE, which handovers take
+    together and a claim or an edit of the provider waits for. SQLite's IMMEDIATE
+    transaction already holds the one write lock. A shared read also carries `busy_slots`
+    (its processing jobs, as this transaction sees them: a handover needs only the count);
+    after a wait for the lock it may predate jobs that left, each of which refilled its
+    own slot, and a dispatch after commit fills any room left."""
     now, now_params = now_sql(connection.vendor)
     busy = ""
     if shared:
@@ -159,22 +155,16 @@ def dispatchable_with_projects(
     margin: int = 16,
 ) -> list[Job]:
     """The pending jobs this provider would run now (its own, and its projects' that name no
-    provider; due; not a runner's kind), at most `limit`, each with its project in hand,
-    oldest started first; with `skip_locked`, rows another
-    transaction holds are passed over (PostgreSQL; SQLite writes one at a time). The claim
-    reads these on every handover: built by Django, this statement and its two model
-    instances took longer than the rest of the claim.
+    provider; due; not a runner's kind), at most `limit`, oldest started first, each with
+    its project in hand; with `skip_locked`, rows another transaction holds are passed over
+    (PostgreSQL). Written out: built by Django, it took longer than the rest of the claim.
 
-    The oldest `limit` are picked from the head of each queue that feeds the provider (its
-    own jobs, and each of its projects' jobs that name no provider), each head read in
-    order from a partial index of pending jobs: the cost follows `limit`, not the backlog
-    (at 100,000 pending started at once, sorting them all took a claim 42 ms on PostgreSQL
-    and 73 ms on SQLite; from the heads 2.7 and 1.9 ms, bench/claim_backlog.py). When the
-    heads leave fewer than `limit` (the queue is nearly empty, or others hold them), every
-    pending job is read, as before. `margin`: how many others may be claiming from the
-    same heads at once. `projects`: the provider's projects (project_ids), or None to
-    have them read here; on PostgreSQL the heads' statement then reads them itself
-    (a LATERAL arm per project), one statement fewer a claim."""
+    The oldest are read from the head of each queue that feeds the provider (a partial
+    index of pending jobs), so the cost follows `limit`, not the backlog
+    (bench/claim_backlog.py); when the heads leave fewer than `limit`, every pending job is
+    read. `margin`: how many others may claim from the same heads at once. `projects`: the
+    provider's projects, or None to have them read here (on PostgreSQL, by the statement
+    itself)."""
     if projects is None and connection.vendor != "postgresql":
         projects = project_ids(provider_id)
     jobs = []

@@ -1,17 +1,14 @@
 """The output writer: every finished job's results become album items here.
 
 1. fetch each output (bytes, a URL through the guarded HTTP client, or text) and write
-   it under a temporary name — outside any transaction;
-2. in one transaction, fenced by the job's lease token: check the storage quota with the
+   it under a temporary name, outside any transaction;
+2. in one transaction fenced by the job's lease token: check the storage quota with the
    real sizes, rename the files into place, upsert one album item per (job, output index),
-   drop items of indexes the new result no longer has, and complete the job.
+   drop items of indexes the new result lacks, and complete the job and its attempt.
 
-A worker that lost the job (healed, cleared, retried) matches no row at step 2 and
-writes nothing: no file, no album item. Writing the same output again overwrites it.
-
-A full media disk (ENOSPC, or a quota: EDQUOT) raises DiskFull: the file being written is
-removed with the others, so nothing half-written stays behind, and the caller lets the job
-wait for space instead of failing it for good.
+A worker that lost the job matches no row at step 2 and writes nothing. A full media disk
+(ENOSPC, EDQUOT) raises DiskFull with nothing half-written left behind: the caller lets
+the job wait for space instead of failing it for good.
 """
 
 import dataclasses

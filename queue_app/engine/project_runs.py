@@ -1,16 +1,12 @@
 """Project runs: the bookkeeping behind the finish notification.
 
-A project *run* is a stretch of work: it opens when jobs of the project become pending
-(`runs_touch`, called by `transitions.jobs_to_pending` in the same transaction) and is
-closed exactly once, by a compare-and-set, when nothing of the project is pending or
-processing and nothing started or finished for PUSH_SETTLE_SECONDS (a burst of
-completions gives one notification). The closing transaction also records the counts,
-emits the `project.finished` live event and writes one outbox row per device of the owner,
-so a process that dies between the close and the send leaves the sends to the next one
-(queue_app/notifications/outbox.py sends them).
-
-It lives in the engine, not in notifications, because the state machine opens runs inside
-its own transaction and the engine imports nothing above it (the import-linter contract).
+A run opens when jobs of the project become pending (`runs_touch`, in the transition's
+transaction) and closes exactly once, by a compare-and-set, when nothing of the project
+is pending or processing and nothing started or finished for PUSH_SETTLE_SECONDS (a burst
+of completions gives one notification). The close records the counts, emits
+`project.finished` and writes one outbox row per device, so a process that dies before
+the send leaves it to the next (notifications/outbox.py). It lives in the engine because
+the state machine opens runs inside its own transaction.
 
 Lock order (PostgreSQL): a run row before the project's event counter, both in
 `runs_touch` (jobs_to_pending) and in `run_close`, so the two never deadlock.

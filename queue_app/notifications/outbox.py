@@ -1,19 +1,13 @@
-"""Sending finish notifications: the outbox rows that closing a run wrote
-(queue_app/engine/project_runs.py) go out through Web Push, and the queue service's notify step.
+"""Sending finish notifications: the outbox rows a run's close wrote (engine/project_runs.py)
+go out through Web Push on the queue service's notify step.
 
-The notify step (`step`) does three things, each safe to run in any number of processes:
-1. open a run for projects that have work but no open run (a safety net: jobs started
-   before this feature, or by a path that does not call `runs_touch`);
-2. close the runs that have settled (and prune old sent rows when one closed);
-3. send due outbox rows: claim each with a short compare-and-set, send outside any
-   transaction through pywebpush (its HTTP goes through queue_app.providers.net) on a few threads
-   that the step does not wait for, then record the outcome under the claim. A 404/410
-   from the push service means the device unsubscribed: its row goes.
-
-A duplicate after a crash in the middle of an HTTP send is possible (at-least-once): the
-claim is retaken SEND_CLAIM_SECONDS later (the send timeout and a margin), and the service
-worker shows a run's notification once — a second copy with the same tag and run id is
-dropped, so the user sees one alert.
+The step (`step`), safe in any number of processes, opens runs for projects with work and
+none open (a safety net), closes the runs that settled, and sends due rows: each claimed
+by a short compare-and-set, sent outside any transaction (through queue_app.providers.net)
+on a few threads the step does not wait for, its outcome recorded under the claim. A
+404/410 means the device unsubscribed: its row goes. A crash mid-send can send twice (the
+claim is retaken SEND_CLAIM_SECONDS later); the service worker shows a run's notification
+once, so the user sees one alert.
 """
 
 import json

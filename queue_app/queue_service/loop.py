@@ -1,20 +1,14 @@
 """The queue service: the recovery scan on start, then the timers.
 
 Shaped like healthchecks' `sendalerts`: a loop of small steps, each returning whether it
-did something, so a test calls one step directly with a controlled clock instead of
-running the loop. The real work (provider calls, downloads) goes to the workers; the
-HTTP checks of detached tasks run here on a bounded thread pool.
+did something, so a test calls one step with a controlled clock. The real work goes to
+the workers; detached tasks' HTTP checks run here on a bounded thread pool.
 
-Steps and their cadence:
-- heartbeat              every HEARTBEAT_SECONDS
-- heal                   every HEAL_INTERVAL_SECONDS: expired leases → pending
-- heal dead owners       every DEAD_OWNER_SECONDS: the work of processes known dead
-- dispatch safety net    every DISPATCH_SAFETY_NET_SECONDS: providers with work and room
-- wake on schedule       at the moment a cool-down or a backoff ends (wake_schedule), to ~100 ms
-- poll detached          every second: jobs whose next_poll_at is due (30 s; Civitai 5 s)
-- runner ticks           every second (ComfyUI runners keep their own 2 s cadence)
-- prune events           every 10 minutes: live-event rows older than a day
-- notify                 every second: close settled project runs, send finish notifications
+Steps: heartbeat (HEARTBEAT_SECONDS); heal expired leases (HEAL_INTERVAL_SECONDS) and the
+work of dead processes (DEAD_OWNER_SECONDS); the dispatch safety net
+(DISPATCH_SAFETY_NET_SECONDS); a wake when a cool-down or backoff ends (wake_schedule);
+every second, due detached polls, runner ticks and finish notifications; every 10
+minutes, the pruning of day-old live events.
 """
 
 import logging

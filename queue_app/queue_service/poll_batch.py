@@ -1,18 +1,12 @@
 """Batch status checks: one list request reports on many detached tasks of a provider
-record (a family with `check_page`, e.g. Replicate's list of predictions, 100 a page).
+record (a family with `check_page`, e.g. Replicate's predictions, 100 a page).
 
-A batch is claimed set-based — one select of due ids, one update that sets a fresh poll
-token on those still due (the update re-checks every condition, so of two pollers that
-pick the same rows only one gets each), one read of what it got — and applied the same
-way: every task the pages show still running is released in one update. A task the
-pages show finished, failed or not at all (older than the pages read, or gone) is
-handed back for a single check, which reads its outputs or its failure as always; so is
-a task past the processing timeout, whose single check times it out.
-
-Every page waits for a turn of the record's budget (providers/budget.py), so a batch
-never spends more requests than it is allowed; a failed page releases the tasks not yet
-seen for the next cadence without counting a failure against any one of them (it says
-nothing about a task)."""
+A batch is claimed set-based (one select of due ids, one update setting a fresh poll token
+on those still due, so of two pollers only one gets each row, one read of what it got) and
+applied the same way: the tasks the pages show running are released in one update; the
+rest (finished, failed, unseen, past the processing timeout) go back for a single check.
+Every page waits for a turn of the record's budget; a failed page releases the unseen
+tasks for the next cadence without counting a failure against any of them."""
 
 import logging
 import uuid

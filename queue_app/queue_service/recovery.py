@@ -1,24 +1,16 @@
 """The recovery scan (on every start) and healing (on the queue service's timer).
 
-Both act only on work whose owner is gone — a lease that has expired, or whose owner
-process is known dead (the kernel on this host; heartbeats across hosts, for what does
-not call a provider: untaken hand-offs and collections) — so they are safe while other
-hosts' workers run, or are cut off by the network inside a provider call. A worker cluster that died may also hold hand-offs
-nobody has taken yet (claims and collections in its local queue, up to django-q2's
-`queue_limit`): those have no owner to ask about, so a cluster's death releases every
-untaken hand-off at once. The lease token fences out any copy a live cluster still has.
+Both act only on work whose owner is gone: an expired lease, or an owner known dead (the
+kernel on this host; heartbeats across hosts, only for what calls no provider), so they
+are safe beside other hosts' workers, even ones cut off inside a provider call. A dead
+worker cluster's untaken hand-offs (its local queue) are released at once; the lease token
+fences out any copy a live cluster still has.
 
-recover():
-1. running jobs (processing, no task id) whose worker is gone go back to pending, with
-   the interrupted attempt recorded: recovery by retry, not exactly-once;
-2. detached jobs (processing with a task id) keep their slots; they are polled at once
-   and their processing-timeout window restarts, as the product documents;
-3. runners (ComfyUI) adopt their in-flight work;
-4. every provider with pending work is dispatched: pending jobs are dispatchable again.
-It walks the tables in id-ordered batches of BATCH jobs; each batch moves by set-based
-statements (lock the rows still stalled, one UPDATE, close their attempts, one event
-write) in its own short transaction, and wakes dispatch once per provider, so time grows
-with the number of batches, not jobs, and memory stays flat at any size.
+recover() returns running jobs whose worker is gone to pending (recovery by retry, their
+attempts interrupted), polls detached jobs at once with their timeout window restarted,
+lets runners (ComfyUI) adopt their work, and dispatches every provider with work. It walks
+the tables in id-ordered batches, each moved by set-based statements in its own short
+transaction, so time follows batches, not jobs, and memory stays flat.
 """
 
 import logging

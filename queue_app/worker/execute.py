@@ -1,19 +1,14 @@
 """Executing one claimed job in a worker (the synchronous path and the async hand-off).
 
-run(job_id, token):
-1. re-read the job: go on only if it is processing under our lease token (a redelivered
-   or stale task finds a different token and stops);
-2. record the attempt; keep the lease renewed from a side thread while we work;
-3. a job that still has a remote task id (a retry after a local failure) is adopted:
-   check the task — running → detach again, finished → collect, dead → submit fresh;
-4. otherwise submit: finished outputs go through the output writer, which completes
-   the job; a remote task id is stored (detached) before anything waits on it;
-5. failures are classified: permanent → failed; transient → pending after backoff, up to
-   the provider's maximum attempts; a server delay hint cools the provider down instead;
-6. the slot freed by completion is refilled at once: the completion's own transaction
-   claims the provider's next job and opens its attempt (dispatch.Handover), and the
-   worker runs it itself, within a time budget. A job that left its slot otherwise
-   (failed, given up) refills it with a dispatch of its own.
+The worker goes on only while the job is processing under its lease token (a redelivered
+or stale task stops), opens the attempt and keeps the lease renewed while it works. A job
+that kept its remote task id (a retry after a local failure) is adopted: running → detached
+again, finished → collected, dead → submitted fresh. Otherwise it submits: outputs go
+through the output writer, a task id is stored (detached) before anything waits on it.
+Failures are classified: permanent fails, transient goes back after a backoff up to the
+provider's maximum, a server delay hint cools the provider down. The freed slot is refilled
+in the completion's own commit (dispatch.Handover) and the worker runs that job itself,
+within CARRY_ON_BUDGET_SECONDS.
 """
 
 import logging
