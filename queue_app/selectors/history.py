@@ -112,8 +112,8 @@ def _durations(kind: str, user):
     """(queryset with a `d` annotation in seconds, the time field the window applies to)."""
     attempts = _visible(user)
     if kind == "wait":
-        # The first attempt since the job was last queued (a retry of a failed job queues
-        # it again and numbers its attempts from 1 again).
+        # The job's first attempt (numbers run on across retries: a retry's wait is not
+        # counted), started after the job was queued.
         attempts = attempts.filter(number=1, queued_at__isnull=False, started_at__gte=F("queued_at"))
         return attempts.annotate(d=Seconds("started_at", "queued_at")), "started_at"
     attempts = attempts.filter(finished_at__isnull=False)
