@@ -9,6 +9,7 @@ import pytest
 
 from queue_app.models import AlbumItem, Job, JobAttempt, Status
 from queue_app.services.jobs import jobs_start
+from tests import procs
 from tests.conftest import make_drafts, make_project, make_provider
 from tests.test_browser import browser_page, log_in, stack  # noqa: F401 (fixtures)
 
@@ -28,6 +29,9 @@ def test_a_running_job_cancelled_from_the_project_page_leaves_no_album_item(stac
     page.wait_for_selector("body[data-live='1']")
     page.evaluate("window.__sameDocument = 'yes'")
     page.wait_for_selector(f"#queue tr[data-job='{running.id}'][data-state='running']", timeout=30_000)
+    # A worker has taken it and is calling the provider (a claim still in the broker made
+    # no call, so it has no attempt to end).
+    procs.wait_for(lambda: JobAttempt.objects.filter(job=running, outcome="running").exists(), timeout=30, message="the call")
     page.click(f"#queue tr[data-job='{running.id}'] button[data-cancel]")
     page.wait_for_selector(f"#queue tr[data-job='{running.id}'][data-state='cancelled']")
     # the freed slot goes to the next job at once (it runs, then completes)
