@@ -2,6 +2,13 @@ from django import forms
 from django.contrib import admin
 
 from comfy_app.models import ComfyAllowedHost, ComfyInstance, ComfyRun, ComfyUpload
+from queue_app import limits
+
+
+class Admin(admin.ModelAdmin):
+    """JSON columns (workflow, bindings) edited through the bounded field."""
+
+    formfield_overrides = limits.ADMIN_FORMFIELDS
 
 
 class ComfyInstanceForm(forms.ModelForm):
@@ -11,6 +18,24 @@ class ComfyInstanceForm(forms.ModelForm):
     class Meta:
         model = ComfyInstance
         fields = ["project", "base_url", "username", "workflow", "bindings", "include_video"]
+
+    def clean_base_url(self):
+        """The address as the settings page takes it (the outbound guard, no query)."""
+        from comfy_app.services import check_address
+        from queue_app.services.errors import ServiceError
+
+        try:
+            return check_address(self.cleaned_data.get("base_url") or "")
+        except ServiceError as error:
+            raise forms.ValidationError(error.message) from None
+
+    def clean(self):
+        # A stored password is only ever sent to the address it was saved for.
+        data = super().clean()
+        stored = self.instance.pk and self.instance.password_encrypted
+        if stored and "base_url" in data and data["base_url"] != self.instance.base_url and not data.get("new_password"):
+            self.add_error("new_password", "to change the address, enter the password again")
+        return data
 
     def save(self, commit=True):
         instance = super().save(commit=False)
@@ -22,22 +47,37 @@ class ComfyInstanceForm(forms.ModelForm):
 
 
 @admin.register(ComfyInstance)
-class ComfyInstanceAdmin(admin.ModelAdmin):
+class ComfyInstanceAdmin(Admin):
     form = ComfyInstanceForm
     list_display = ["project", "base_url", "driver", "unreachable_since", "last_checked_at"]
     readonly_fields = ["client_id", "driver", "driver_until", "unreachable_since", "back_at", "last_error", "last_checked_at"]
 
 
 @admin.register(ComfyRun)
-class ComfyRunAdmin(admin.ModelAdmin):
+class ComfyRunAdmin(Admin):
     list_display = ["job", "project", "phase", "remote_state", "posted_at", "finished_at"]
     list_filter = ["phase"]
     readonly_fields = [field.name for field in ComfyRun._meta.fields]
 
 
+class ComfyAllowedHostForm(forms.ModelForm):
+    class Meta:
+        model = ComfyAllowedHost
+        fields = ["address", "allow_http", "note"]
+
+    def clean(self):
+        data = super().clean()
+        if not self.instance.pk and ComfyAllowedHost.objects.count() >= limits.COMFY_ALLOWED_HOSTS:
+            limit = limits.COMFY_ALLOWED_HOSTS
+            raise forms.ValidationError(f"at most {limit} hosts may be allowed for ComfyUI: remove one first")
+        return data
+
+
 @admin.register(ComfyAllowedHost)
-class ComfyAllowedHostAdmin(admin.ModelAdmin):
+class ComfyAllowedHostAdmin(Admin):
     """Private hosts ComfyUI instances may be at (effective at once, ComfyUI calls only)."""
+
+    form = ComfyAllowedHostForm
 
     list_display = ["address", "allow_http", "note", "created_by", "created_at"]
     readonly_fields = ["created_by", "created_at"]
@@ -52,6 +92,6 @@ class ComfyAllowedHostAdmin(admin.ModelAdmin):
 
 
 @admin.register(ComfyUpload)
-class ComfyUploadAdmin(admin.ModelAdmin):
+class ComfyUploadAdmin(Admin):
     list_display = ["name", "instance", "address", "stored_as", "created_at"]
     readonly_fields = [field.name for field in ComfyUpload._meta.fields]

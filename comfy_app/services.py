@@ -1,7 +1,5 @@
 """Write services and the connection test of ComfyUI project settings."""
 
-import json
-
 from django.core.exceptions import ValidationError
 
 from comfy_app import allowed_hosts, workflow
@@ -10,13 +8,16 @@ from comfy_app.models import ComfyAllowedHost, ComfyInstance
 from queue_app import limits
 from queue_app.models import Kind, Project
 from queue_app.providers import net
-from queue_app.selectors.visibility import may_see
+from queue_app.services.acting import acting_on
 from queue_app.services.errors import ServiceError
+
+# Changing another user's instance, or testing it with its stored password, needs this.
+CHANGE_INSTANCE = "comfy_app.change_comfyinstance"
 
 
 def _own_comfy_project(user, project: Project) -> Project:
-    if not may_see(user, project):
-        raise ServiceError("project not found", 404)
+    """A ComfyUI project the user may act on (selectors/visibility.py's rule)."""
+    acting_on(user, project, noun="project", permission=CHANGE_INSTANCE)
     if project.kind != Kind.COMFYUI:
         raise ServiceError("this project is not a ComfyUI project")
     return project
@@ -52,16 +53,7 @@ def comfy_settings_save(
 ) -> ComfyInstance:
     """Save a project's ComfyUI settings. The password is write-only: None keeps it."""
     _own_comfy_project(user, project)
-    if isinstance(workflow_json, str):
-        try:
-            workflow_json = json.loads(workflow_json) if workflow_json.strip() else {}
-        except ValueError as error:
-            raise ServiceError(f"the workflow is not valid JSON: {error}") from None
-    if isinstance(bindings, str):
-        try:
-            bindings = json.loads(bindings) if bindings.strip() else []
-        except ValueError as error:
-            raise ServiceError(f"the bindings are not valid JSON: {error}") from None
+    workflow_json, bindings = parsed_setup(workflow_json, bindings)
     try:
         limits.check_workflow(workflow_json or {})
     except ValidationError as error:
@@ -72,8 +64,6 @@ def comfy_settings_save(
         bindings = workflow.validate_bindings(bindings or [], workflow_json or {})
     except workflow.WorkflowError as error:
         raise ServiceError(str(error)) from None
-    if project.owner_id != user.id and not (user.is_superuser or user.has_perm("comfy_app.change_comfyinstance")):
-        raise ServiceError("you may see these settings but not change them: the project belongs to another user", 403)
     instance = instance_of(project)
     new_url = check_address(base_url)
     # a stored password never follows a new address silently (issue 18 §5)
@@ -93,16 +83,34 @@ def comfy_settings_save(
     return instance
 
 
+def parsed_setup(workflow_json, bindings) -> tuple:
+    """The workflow and bindings as JSON values (text is parsed: deep nesting is a refusal)."""
+    try:
+        if isinstance(workflow_json, str):
+            workflow_json = limits.parse_json_text(
+                workflow_json, label="the workflow", empty={}, max_bytes=limits.WORKFLOW_BYTES, max_depth=limits.WORKFLOW_DEPTH
+            )
+        if isinstance(bindings, str):
+            bindings = limits.parse_json_text(bindings, label="the bindings", empty=[], max_depth=limits.WORKFLOW_DEPTH)
+    except ValidationError as error:
+        raise ServiceError(" ".join(error.messages)) from None
+    return workflow_json, bindings
+
+
 def comfy_test_connection(
     *, user, project: Project, base_url: str | None = None, username: str | None = None, password: str | None = None
 ) -> dict:
     """{ok, url, version, device, vram_total, vram_free} or {ok: False, url, error}. Tests
-    what the form holds (address, user, password) where given, the saved values otherwise."""
+    what the form holds (address, user, password) where given, the saved values otherwise.
+    The stored password goes only to the address it was saved for: testing another address
+    takes the password typed in the form, or none. Refused (ServiceError) for a user who
+    may only see the project."""
     _own_comfy_project(user, project)
     instance = instance_of(project)
     url = comfy.normalise_url(base_url if base_url else instance.base_url)
     username = instance.username if username is None else username
-    password = password or instance.password
+    if not password and url == comfy.normalise_url(instance.base_url):
+        password = instance.password
     try:
         check_address(url)
         if not url:
@@ -129,20 +137,26 @@ def comfy_test_connection(
 # --- private hosts staff allow for ComfyUI instances ------------------------------------
 
 
-def _staff(user) -> None:
-    if not (user and user.is_staff):
-        raise ServiceError("only staff can change the hosts allowed for ComfyUI", 403)
+def _may(user, action: str) -> None:
+    """The allowed hosts are a global setting: changing them needs its Django permission
+    (staff alone only see the list)."""
+    if not (user and user.has_perm(f"comfy_app.{action}_comfyallowedhost")):
+        raise ServiceError(f"you may see the hosts allowed for ComfyUI but not {action} them: that needs its permission", 403)
 
 
 def allowed_host_add(*, user, address: str, allow_http: bool = True, note: str = "") -> ComfyAllowedHost:
-    """Allow ComfyUI instances at a private or local host; effective at once, ComfyUI only."""
-    _staff(user)
+    """Allow ComfyUI instances at a private or local host; effective at once, ComfyUI only.
+    At most limits.COMFY_ALLOWED_HOSTS entries: every ComfyUI check reads the list."""
+    _may(user, "add")
     try:
         host, scheme_http = allowed_hosts.normalise(address)
     except ValueError as error:
         raise ServiceError(str(error)) from None
     if scheme_http is not None:
         allow_http = scheme_http
+    known = ComfyAllowedHost.objects.filter(address=host).exists()
+    if not known and ComfyAllowedHost.objects.count() >= limits.COMFY_ALLOWED_HOSTS:
+        raise ServiceError(f"at most {limits.COMFY_ALLOWED_HOSTS} hosts may be allowed for ComfyUI: remove one first")
     row, _ = ComfyAllowedHost.objects.update_or_create(
         address=host, defaults={"allow_http": allow_http, "note": (note or "")[:200], "created_by": user}
     )
@@ -150,7 +164,7 @@ def allowed_host_add(*, user, address: str, allow_http: bool = True, note: str =
 
 
 def allowed_host_remove(*, user, host_id: int) -> bool:
-    _staff(user)
+    _may(user, "delete")
     return bool(ComfyAllowedHost.objects.filter(id=host_id).delete()[0])
 
 

@@ -9,9 +9,12 @@
 
 import json
 
-from comfy_app import workflow as wf
+from django.core.exceptions import ValidationError
 
-MAX_WORKFLOW_BYTES = 5 * 1024 * 1024
+from comfy_app import workflow as wf
+from queue_app import limits
+
+MAX_WORKFLOW_BYTES = limits.WORKFLOW_FILE_BYTES
 FIELD_PREFIX = "bind:"
 
 # draft field → (binding source, kind)
@@ -28,12 +31,19 @@ CHOICES = {
 def read_workflow_file(upload) -> str:
     """The text of an uploaded workflow file, checked to be an API-format workflow."""
     if upload.size > MAX_WORKFLOW_BYTES:
-        raise wf.WorkflowError("the workflow file is over 5 MB")
+        raise wf.WorkflowError(f"the workflow file is over {MAX_WORKFLOW_BYTES // (1024 * 1024)} MB")
     try:
-        text = upload.read().decode("utf-8-sig")
-        data = json.loads(text)
-    except (UnicodeDecodeError, ValueError):
-        raise wf.WorkflowError("the workflow file is not JSON: export it with “Save (API Format)” in ComfyUI") from None
+        data = limits.parse_json_text(
+            upload.read(MAX_WORKFLOW_BYTES + 1),
+            label="the workflow file",
+            max_bytes=limits.WORKFLOW_BYTES,
+            max_depth=limits.WORKFLOW_DEPTH,
+        )
+    except ValidationError as error:
+        said = " ".join(error.messages)
+        if "not valid JSON" in said or "not UTF-8" in said:
+            said = "the workflow file is not JSON: export it with “Save (API Format)” in ComfyUI"
+        raise wf.WorkflowError(said) from None
     wf.validate_workflow(data)
     return json.dumps(data, indent=2)
 

@@ -73,12 +73,8 @@ def comfy_settings(request, project_id):
             form.add_error(None, getattr(error, "message", None) or str(error))
         else:
             if request.POST.get("action") == "test":
-                test_result = services.comfy_test_connection(
-                    user=request.user,
-                    project=project,
-                    base_url=data["base_url"],
-                    username=data["username"],
-                    password=data["password"] or None,
+                test_result = _tested(
+                    request.user, project, base_url=data["base_url"], username=data["username"], password=data["password"] or None
                 )
                 kept = {**data, "workflow": workflow_text, "bindings": json.dumps(bindings, indent=2) if bindings else ""}
                 form = ComfySettingsForm(initial={k: v for k, v in kept.items() if k not in ("password", "workflow_file")})
@@ -112,20 +108,22 @@ def comfy_settings(request, project_id):
     return render(request, "comfy_app/settings.html", context)
 
 
+def _tested(user, project, **form) -> dict:
+    """The connection test's result; a user who may only see the project gets the refusal
+    as the result (nothing is sent anywhere)."""
+    try:
+        return services.comfy_test_connection(user=user, project=project, **form)
+    except ServiceError as refusal:
+        return {"ok": False, "url": "", "error": refusal.message}
+
+
 def _posted_setup(request, data) -> tuple[str, dict, list]:
     """(workflow text, workflow, bindings) from the form: an uploaded file replaces the
     pasted workflow; the picker's choices merge into the raw bindings."""
     workflow_text = data["workflow"]
     if data.get("workflow_file"):
         workflow_text = setup.read_workflow_file(data["workflow_file"])
-    try:
-        workflow = json.loads(workflow_text) if workflow_text.strip() else {}
-    except ValueError as error:
-        raise ServiceError(f"the workflow is not valid JSON: {error}") from None
-    try:
-        bindings = json.loads(data["bindings"]) if data["bindings"].strip() else []
-    except ValueError as error:
-        raise ServiceError(f"the bindings are not valid JSON: {error}") from None
+    workflow, bindings = services.parsed_setup(workflow_text, data["bindings"])
     if isinstance(workflow, dict) and isinstance(bindings, list):
         bindings = setup.merge_picker(request.POST, bindings, workflow)
     return workflow_text, workflow if isinstance(workflow, dict) else {}, bindings
@@ -135,7 +133,7 @@ def _posted_setup(request, data) -> tuple[str, dict, list]:
 @require_POST
 def comfy_test(request, project_id):
     project = own_comfy_project(request.user, project_id)
-    result = services.comfy_test_connection(user=request.user, project=project, base_url=request.POST.get("base_url") or None)
+    result = _tested(request.user, project, base_url=request.POST.get("base_url") or None)
     if request.headers.get("accept", "").startswith("application/json"):
         return JsonResponse(result)
     if result["ok"]:
@@ -152,7 +150,8 @@ def comfy_test(request, project_id):
 
 @login_required
 def allowed_hosts_page(request):
-    """Staff: the private hosts ComfyUI instances may be at (effective at once)."""
+    """Staff see the private hosts ComfyUI instances may be at; adding or removing one
+    (effective at once, for everyone) needs its permission (services.allowed_host_*)."""
     if not request.user.is_staff:
         raise Http404
     if request.method == "POST":

@@ -95,7 +95,7 @@ class Listeners:
                             if message.type == aiohttp.WSMsgType.TEXT:
                                 try:
                                     body = json.loads(message.data)
-                                except ValueError:
+                                except (ValueError, RecursionError):  # the instance is a server its user chose
                                     continue
                                 if not isinstance(body, dict):
                                     continue

@@ -11,7 +11,9 @@ import json
 import math
 from dataclasses import dataclass
 
+from django import forms
 from django.core.exceptions import ValidationError
+from django.db import models
 
 
 @dataclass(frozen=True)
@@ -77,17 +79,44 @@ PARAMS_DEPTH = 8
 REFERENCES = 16  # references per draft
 REFERENCE_CHARS = 2048  # one reference given as a URL
 REFERENCE_BYTES = 20 * 1024 * 1024  # one reference image (an upload, or a data: URI the API stores)
+# New reference files one draft form or upload request carries in all (more: over several
+# requests, or one at a time through POST /api/references). The edge (remixstudio/edge.py)
+# refuses a larger upload body before reading it.
+UPLOAD_BYTES = 64 * 1024 * 1024
+# Uploaded references no draft names any more are deleted after this long (queue service).
+REFERENCE_GRACE_SECONDS = 24 * 3600
 JOB_IDS = 500  # job ids per start / retry request
+
+# --- Images -------------------------------------------------------------------------------
+# Decoded pixels of any image we open (outputs, posters, references), read from the header
+# before anything is decoded: 8192 × 8192. A tiny file can claim far more and cost a
+# worker gigabytes to decode.
+IMAGE_PIXELS = 8192 * 8192
 
 # --- ComfyUI ------------------------------------------------------------------------------
 WORKFLOW_BYTES = 2 * 1024 * 1024
+WORKFLOW_FILE_BYTES = 5 * 1024 * 1024  # an exported workflow file (indented, so larger)
 WORKFLOW_DEPTH = 12
 WORKFLOW_NODES = 2000
+COMFY_ALLOWED_HOSTS = 100  # private hosts staff allow (every ComfyUI check reads the list)
 
 # --- Requests -----------------------------------------------------------------------------
 REQUEST_BYTES = 1024 * 1024  # a JSON API or MCP body
 JSON_DEPTH = 32  # any JSON body
 PAGE_SIZE = 200  # list endpoints and MCP list tools
+# The form fields of one page request, files aside (Django's DATA_UPLOAD_MAX_MEMORY_SIZE):
+# room for a pasted workflow shown indented.
+FORM_BYTES = 5 * 1024 * 1024
+# Any request body but an upload's, refused at the edge before it is read: a form with a
+# workflow file, or the API's 1 MiB, fits.
+BODY_BYTES = FORM_BYTES + WORKFLOW_FILE_BYTES
+# An upload in memory before Django spools it to a temporary file (FILE_UPLOAD_MAX_MEMORY_SIZE).
+UPLOAD_MEMORY_BYTES = 1024 * 1024
+WEBSOCKET_MESSAGE_BYTES = 64 * 1024  # one frame a browser sends the live socket
+
+# --- Per user: what fans out ---------------------------------------------------------------
+PUSH_SUBSCRIPTIONS = 10  # every finished project posts to each one
+API_TOKENS = 20
 
 
 def check_json(value, *, label: str, max_bytes: int, max_depth: int) -> None:
@@ -119,6 +148,55 @@ def check_json(value, *, label: str, max_bytes: int, max_depth: int) -> None:
     size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
     if size > max_bytes:
         raise ValidationError(f"{label} is {size} bytes; the limit is {max_bytes}", code="limit")
+
+
+def parse_json_text(text, *, label: str, empty=None, max_bytes: int = FORM_BYTES, max_depth: int = JSON_DEPTH):
+    """JSON a person or a client gave as text (a form field, an uploaded file): its value
+    (`empty` for blank text), bounded by `check_json`, or ValidationError — never the
+    RecursionError Python's parser (or a later recursive walk) raises on deep nesting."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise ValidationError(f"{label} is not UTF-8 text", code="limit") from None
+    if not text.strip():
+        return empty
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValidationError(f"{label} is nested more than {max_depth} levels deep", code="limit") from None
+    except ValueError as error:
+        raise ValidationError(f"{label} is not valid JSON: {error}", code="limit") from None
+    check_json(value, label=label, max_bytes=max_bytes, max_depth=max_depth)
+    return value
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class JSONFormField(forms.JSONField):
+    """Django's JSON form field (the admin's), bounded: deep nesting is a form error, not
+    the 500 Django's own field lets Python's RecursionError become."""
+
+    def to_python(self, value):
+        try:
+            converted = super().to_python(value)
+        except RecursionError:
+            raise ValidationError(f"the JSON is nested more than {JSON_DEPTH} levels deep", code="limit") from None
+        if converted is not None and not self.disabled:
+            check_json(converted, label="the JSON", max_bytes=FORM_BYTES, max_depth=JSON_DEPTH)
+        return converted
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return forms.fields.InvalidJSONInput(data)
+
+
+# For a ModelAdmin's `formfield_overrides`: every JSON column edited through the bounded field.
+ADMIN_FORMFIELDS = {models.JSONField: {"form_class": JSONFormField}}
 
 
 def check_params(value) -> None:

@@ -3,8 +3,11 @@
 import base64
 
 from cryptography.hazmat.primitives.asymmetric import ec
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.utils import timezone
 
+from queue_app import limits
 from queue_app.models import PushSubscription
 from queue_app.notifications.outbox import Delivery, push_send
 from queue_app.providers import net
@@ -21,7 +24,8 @@ class BadSubscription(ValueError):
 def subscription_save(*, user, endpoint: str, p256dh: str, auth: str, user_agent: str = "") -> PushSubscription:
     """Switch notifications on for one browser. The endpoint must pass the outbound guard
     (https, a public host); a browser that re-subscribes updates its row, and an endpoint
-    that another account had on this browser moves to this one."""
+    that another account had on this browser moves to this one. At most
+    limits.PUSH_SUBSCRIPTIONS per user: every finished project posts to each one."""
     if not isinstance(endpoint, str) or len(endpoint) > 2048:
         raise BadSubscription("the subscription endpoint is missing or too long")
     try:
@@ -38,9 +42,17 @@ def subscription_save(*, user, endpoint: str, p256dh: str, auth: str, user_agent
         ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key)
     except ValueError:
         raise BadSubscription("the subscription key is not a P-256 public key")
-    subscription, _ = PushSubscription.objects.update_or_create(
-        endpoint=endpoint, defaults={"user": user, "p256dh": p256dh, "auth": auth, "user_agent": user_agent[:300]}
-    )
+    with transaction.atomic():
+        # the user's row, locked: two browsers subscribing at once cannot both pass the count
+        get_user_model().objects.select_for_update().filter(id=user.id).first()
+        others = PushSubscription.objects.filter(user=user).exclude(endpoint=endpoint).count()
+        if others >= limits.PUSH_SUBSCRIPTIONS:
+            raise BadSubscription(
+                f"notifications are on for {others} browsers, the most one account may have: switch one off first"
+            )
+        subscription, _ = PushSubscription.objects.update_or_create(
+            endpoint=endpoint, defaults={"user": user, "p256dh": p256dh, "auth": auth, "user_agent": user_agent[:300]}
+        )
     return subscription
 
 

@@ -22,7 +22,7 @@ from queue_app.notifications import devices, outbox, vapid
 def _json_body(request) -> dict:
     try:
         body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: a refusal, not a 500
         return {}
     return body if isinstance(body, dict) else {}
 

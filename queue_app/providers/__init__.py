@@ -27,6 +27,16 @@ def adapter_for(family: str):
         raise
 
 
+def key_address(family: str, base_url: str) -> str:
+    """Where a provider record's key is sent: its base URL, or its family's default. A
+    stored key is only ever sent to the address it was saved for, so a change of this
+    address (a new base URL, or another family) needs the key again."""
+    if base_url:
+        return base_url.rstrip("/")
+    path = FAMILY_MODULES.get(family)
+    return getattr(importlib.import_module(path), "DEFAULT_BASE", family) if path else family
+
+
 def poll_seconds(family: str) -> float:
     """How often a detached task of `family` is checked: the default cycle
     (DETACHED_POLL_SECONDS, 30 s), or the family's own faster cadence (Civitai 5 s)."""

@@ -7,7 +7,8 @@ from django.db.models import Q
 
 from queue_app.engine import dispatch, events, remote_cancel, transitions
 from queue_app.models import Job, Project, Provider, Status
-from queue_app.selectors.visibility import visible_to
+from queue_app.selectors.visibility import actable_to, visible_to
+from queue_app.services.acting import JOBS, acting_on
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import storage_check
 
@@ -71,18 +72,23 @@ def jobs_cancel(*, user, job_ids) -> dict:
 
 
 def failed_scope(*, user, project_id=None, provider_id=None):
-    """Failed jobs a user may act on, in one scope: everything (staff: everyone's), a
-    project, or a provider queue (the job's provider, or else its project's)."""
+    """Failed jobs a user may act on, in one scope: everything (their own; everyone's with
+    the jobs permission), a project, or a provider queue (the job's provider, or else its
+    project's). A project or provider they may only see is refused (403), not emptied."""
     if project_id is not None and provider_id is not None:
         raise ServiceError("choose one scope: a project or a provider, not both")
-    jobs = visible_to(user, Job).filter(status=Status.FAILED)
+    jobs = actable_to(user, Job).filter(status=Status.FAILED)
     if project_id is not None:
-        if not visible_to(user, Project).filter(id=project_id).exists():
+        project = visible_to(user, Project).filter(id=project_id).first()
+        if project is None:
             raise ServiceError("project not found", 404)
+        acting_on(user, project, noun="project", permission=JOBS)
         jobs = jobs.filter(project_id=project_id)
     if provider_id is not None:
-        if not visible_to(user, Provider).filter(id=provider_id).exists():
+        provider = visible_to(user, Provider).filter(id=provider_id).first()
+        if provider is None:
             raise ServiceError("provider not found", 404)
+        acting_on(user, provider, noun="provider", permission=JOBS)
         jobs = jobs.filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
     return jobs
 
@@ -122,8 +128,8 @@ def failed_jobs_clear(*, user, project_id=None, provider_id=None) -> dict:
 
 
 def selected_failed_retry(*, user, job_ids) -> dict:
-    """The failed jobs among `job_ids` that the user may act on (staff: anyone's) back to
-    pending; the others are skipped."""
+    """The failed jobs among `job_ids` that the user may act on (their own; anyone's with
+    the jobs permission) back to pending; the others are skipped."""
     job_ids = list(job_ids)
     ids = list(failed_scope(user=user).filter(id__in=job_ids).values_list("id", flat=True))
     started = transitions.jobs_to_pending(ids, from_statuses=(Status.FAILED,), kind="job.retried")
@@ -143,8 +149,7 @@ def selected_failed_clear(*, user, job_ids) -> dict:
 def _held(user, job_ids):
     from queue_app.models import ErrorClass
 
-    jobs = Job.objects.filter(id__in=list(job_ids), status=Status.FAILED, error_class=ErrorClass.ATTENTION)
-    return jobs if user.is_staff else jobs.filter(owner=user)
+    return actable_to(user, Job).filter(id__in=list(job_ids), status=Status.FAILED, error_class=ErrorClass.ATTENTION)
 
 
 def attention_resubmit(*, user, job_ids) -> dict:

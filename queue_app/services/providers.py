@@ -9,25 +9,33 @@ from queue_app import limits
 from queue_app.engine import dispatch
 from queue_app.models import Job, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE
-from queue_app.selectors.visibility import visible_to
+from queue_app.selectors.visibility import may_act, visible_to
+from queue_app.services.acting import acting_on
 from queue_app.services.errors import ServiceError, refuse_unknown
 
 log = logging.getLogger(__name__)
 
 
 def provider_may_change(user, provider: Provider) -> bool:
-    """Staff may see every provider, but changing another user's needs superuser or the
-    Django change permission: `is_staff` alone must not be able to redirect someone's key."""
-    return provider.owner_id == user.id or user.is_superuser or user.has_perm("queue_app.change_provider")
+    """Staff may see every provider, but changing another user's (or testing its key)
+    needs the Django change permission: `is_staff` alone must not redirect someone's key."""
+    return may_act(user, provider)
 
 
 def _own_provider(user, provider_id) -> Provider:
     provider = visible_to(user, Provider).filter(id=provider_id).first()
     if provider is None:
         raise ServiceError("provider not found", 404)
-    if not provider_may_change(user, provider):
-        raise ServiceError("you may see this provider but not change it: it belongs to another user", 403)
-    return provider
+    return acting_on(user, provider, noun="provider")
+
+
+def provider_test_key(*, user, provider_id) -> dict:
+    """Test a provider's stored key at its stored address (providers/keycheck.py). Using a
+    key is acting on it: another user's needs the change permission, like editing it."""
+    from queue_app.providers import keycheck
+
+    provider = _own_provider(user, provider_id)
+    return {"id": provider.id, **keycheck.test_key(provider)}
 
 
 def provider_set_paused(*, user, provider_id, paused: bool) -> Provider:
@@ -112,6 +120,14 @@ def aliases_checked(family: str, aliases) -> dict:
     return cleaned
 
 
+def key_moves(provider: Provider, values: dict) -> bool:
+    """Whether `values` would send the provider's key somewhere else than it was saved for."""
+    from queue_app.providers import key_address
+
+    before = key_address(provider.family, provider.base_url)
+    return key_address(values.get("family", provider.family), values.get("base_url", provider.base_url)) != before
+
+
 def provider_values(*, user, data: dict, provider: Provider | None = None) -> dict:
     """The provider fields in `data`, checked; nothing saved. Changing the base URL of a
     provider that exists needs its key again, so a stored key never follows a new address."""
@@ -137,8 +153,10 @@ def provider_values(*, user, data: dict, provider: Provider | None = None) -> di
             values[secret] = data[secret].strip()
     if "base_url" in data:
         values["base_url"] = base_url_checked(data["base_url"])
-        if provider is not None and values["base_url"] != provider.base_url and not values.get("api_key"):
-            raise ServiceError("to change the base URL, enter the API key again (a stored key never follows a new address)")
+    if provider is not None and key_moves(provider, values) and not values.get("api_key"):
+        raise ServiceError(
+            "to change the base URL or the family, enter the API key again (a stored key never follows a new address)"
+        )
     if "concurrency" in data:
         values["concurrency"] = concurrency_checked(data["concurrency"])
     if "max_attempts" in data:

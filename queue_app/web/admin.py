@@ -4,6 +4,7 @@
 from django import forms
 from django.contrib import admin, messages
 
+from queue_app import limits
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
@@ -28,6 +29,12 @@ from queue_app.web.forms import ProviderUrlMixin
 
 admin.site.site_header = "Remix Studio Queue"
 admin.site.index_template = "admin/queue_index.html"
+
+
+class Admin(admin.ModelAdmin):
+    """Every model admin of ours: JSON columns edited through the bounded field."""
+
+    formfield_overrides = limits.ADMIN_FORMFIELDS
 
 
 class ProviderForm(ProviderUrlMixin, forms.ModelForm):
@@ -76,7 +83,7 @@ class ProviderForm(ProviderUrlMixin, forms.ModelForm):
 
 
 @admin.register(Provider)
-class ProviderAdmin(admin.ModelAdmin):
+class ProviderAdmin(Admin):
     form = ProviderForm
     list_display = ("name", "family", "owner", "concurrency", "paused", "cooldown_until", "key")
     list_editable = ("concurrency",)
@@ -88,12 +95,14 @@ class ProviderAdmin(admin.ModelAdmin):
     def key(self, obj):
         return crypto.hint(obj.api_key) or "—"
 
-    @admin.action(description="Pause selected providers")
+    # Admin actions need the change permission: a read-only operator (view permissions)
+    # sees the lists, and Django hides an action its `permissions` do not grant.
+    @admin.action(description="Pause selected providers", permissions=["change"])
     def pause(self, request, queryset):
         for provider in queryset:
             provider_set_paused(user=request.user, provider_id=provider.id, paused=True)
 
-    @admin.action(description="Resume selected providers")
+    @admin.action(description="Resume selected providers", permissions=["change"])
     def resume(self, request, queryset):
         for provider in queryset:
             provider_set_paused(user=request.user, provider_id=provider.id, paused=False)
@@ -117,7 +126,7 @@ class ProviderAdmin(admin.ModelAdmin):
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(Admin):
     list_display = ("name", "kind", "owner", "provider", "created_at")
     list_filter = ("kind",)
     search_fields = ("name",)
@@ -157,7 +166,7 @@ SNAPSHOT_FIELDS = (
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(Admin):
     list_display = ("id", "project", "status", "provider", "model", "attempts", "short_task", "created_at")
     list_filter = ("status", "provider", "project", "active_provider__family")
     search_fields = ("id", "task_id")
@@ -169,7 +178,7 @@ class JobAdmin(admin.ModelAdmin):
     def short_task(self, obj):
         return obj.task_id[:16]
 
-    @admin.action(description="Start / retry selected jobs")
+    @admin.action(description="Start / retry selected jobs", permissions=["change"])
     def start_or_retry(self, request, queryset):
         started = 0
         for job in queryset.filter(status__in=(Status.DRAFT, Status.FAILED)).select_related("project", "owner"):
@@ -181,36 +190,36 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(JobAttempt)
-class JobAttemptAdmin(admin.ModelAdmin):
+class JobAttemptAdmin(Admin):
     list_display = ("job", "number", "worker", "outcome", "started_at", "finished_at")
     list_filter = ("outcome",)
     search_fields = ("job__id", "task_id")
 
 
 @admin.register(AlbumItem)
-class AlbumItemAdmin(admin.ModelAdmin):
+class AlbumItemAdmin(Admin):
     list_display = ("id", "project", "job", "output_index", "role", "kind", "size", "created_at")
     list_filter = ("kind", "role")
 
 
 @admin.register(ProjectEvent)
-class ProjectEventAdmin(admin.ModelAdmin):
+class ProjectEventAdmin(Admin):
     list_display = ("project", "seq", "kind", "job_id", "status", "created_at")
     list_filter = ("kind",)
 
 
 @admin.register(Heartbeat)
-class HeartbeatAdmin(admin.ModelAdmin):
+class HeartbeatAdmin(Admin):
     list_display = ("name", "role", "host", "pid", "started_at", "seen_at")
 
 
 @admin.register(ProjectRun)
-class ProjectRunAdmin(admin.ModelAdmin):
+class ProjectRunAdmin(Admin):
     list_display = ("project", "opened_at", "closed_at", "total", "completed", "failed")
     list_filter = ("closed_at",)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(Admin):
     """Rows the app writes itself; the admin only looks (and may delete)."""
 
     def has_add_permission(self, request):
@@ -246,5 +255,5 @@ class ApiTokenAdmin(ReadOnlyAdmin):
     exclude = ("token_hash",)
 
 
-admin.site.register(AccountSettings)
-admin.site.register(IdempotencyKey)
+admin.site.register(AccountSettings, Admin)
+admin.site.register(IdempotencyKey, Admin)

@@ -21,11 +21,12 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from queue_app import limits
-from queue_app.models import Project
+from queue_app.models import Job, Project
 from queue_app.selectors.job_list import jobs_page
 from queue_app.selectors.queue import queue_status
-from queue_app.selectors.visibility import visible_jobs, visible_to
+from queue_app.selectors.visibility import visible_to
 from queue_app.services import jobs as job_writes
+from queue_app.services.acting import JOBS, acting_on, acting_on_jobs
 from queue_app.services.drafts import jobs_create_drafts
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
@@ -131,6 +132,12 @@ def visible_project(user, project_id) -> Project:
     return project
 
 
+def actable_project(user, project_id) -> Project:
+    """A project whose jobs the user may draft, start and cancel: their own, or with the
+    jobs permission; one they may only see is a 403 (selectors/visibility.py)."""
+    return acting_on(user, visible_project(user, project_id), noun="project", permission=JOBS)
+
+
 # --- Queue ------------------------------------------------------------------------------
 
 
@@ -209,7 +216,7 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
 
 @endpoint("POST")
 def drafts_view(request, body, project_id):
-    project = visible_project(request.user, project_id)
+    project = actable_project(request.user, project_id)
     if body.get("project_id") == project.id:
         body = {key: value for key, value in body.items() if key != "project_id"}  # the path already says it
     args = schemas.validate(schemas.CreateDrafts, body)
@@ -225,7 +232,7 @@ def drafts_view(request, body, project_id):
 
 @endpoint("POST")
 def start_view(request, body, project_id):
-    project = visible_project(request.user, project_id)
+    project = actable_project(request.user, project_id)
     args = schemas.validate(schemas.StartJobs, body)
     job_ids, all_drafts = args.ids(), args.all_drafts
     payload, code = idempotent(
@@ -244,11 +251,8 @@ def jobs_retry_view(request, body):
 
 
 def jobs_retry(user, args) -> dict:
-    job_ids = [str(job_id) for job_id in args.job_ids]
-    visible = visible_jobs(user).filter(id__in=job_ids)
-    if visible.count() != len(set(job_ids)):
-        raise ServiceError("job not found", 404)
-    owners = set(visible.values_list("owner_id", flat=True))
+    job_ids = acting_on_jobs(user, args.job_ids)
+    owners = set(Job.objects.filter(id__in=job_ids).values_list("owner_id", flat=True))
     retried = []
     from django.contrib.auth import get_user_model
 
@@ -258,15 +262,15 @@ def jobs_retry(user, args) -> dict:
 
 
 def jobs_cancel(user, job_ids: list[str]) -> dict:
-    """Cancel pending/processing jobs the user may see (staff: anyone's); one that is not
-    visible makes the whole request 404, like a retry. The API and MCP share this."""
-    visible = visible_jobs(user).filter(id__in=job_ids)
-    if visible.count() != len(set(job_ids)):
-        raise ServiceError("job not found", 404)
+    """Cancel pending/processing jobs the user may act on (their own; anyone's with the jobs
+    permission); one that is not visible makes the whole request 404, one only visible 403,
+    like a retry. The API, MCP, the monitor and its bulk actions share this."""
+    job_ids = acting_on_jobs(user, job_ids)
     from django.contrib.auth import get_user_model
 
     cancelled = 0
-    for owner in get_user_model().objects.filter(id__in=set(visible.values_list("owner_id", flat=True))):
+    owners = set(Job.objects.filter(id__in=job_ids).values_list("owner_id", flat=True))
+    for owner in get_user_model().objects.filter(id__in=owners):
         cancelled += job_writes.jobs_cancel(user=owner, job_ids=job_ids)["cancelled"]
     return {"cancelled": cancelled, "skipped": len(set(job_ids)) - cancelled}
 

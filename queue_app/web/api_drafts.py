@@ -2,8 +2,6 @@
 `provider_id: null` returns it to the project's provider), `DELETE` deletes it. The same
 services and reference checks as the project page (queue_app.web.drafts)."""
 
-import json
-
 from queue_app.models import Job, Provider, Status
 from queue_app.services.drafts import DRAFT_FIELDS, draft_update, drafts_delete
 from queue_app.services.errors import ServiceError, refuse_unknown
@@ -37,13 +35,8 @@ def draft_payload(job: Job) -> dict:
     }
 
 
-def patch_body(request) -> dict:
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ServiceError("the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ServiceError("the body must be a JSON object")
+def patch_body(body: dict) -> dict:
+    """The PATCH body (already parsed and bounded by the endpoint), its fields checked."""
     refuse_unknown(body, {"prompt", "provider_id", "settings", *SETTING_KEYS})
     if body.get("settings") is not None and not isinstance(body["settings"], dict):
         raise ServiceError("settings must be an object")
@@ -60,7 +53,7 @@ def draft_view(request, body, job_id):
     if request.method == "DELETE":
         drafts_delete(user=request.user, project=job.project, job_ids=[job.id])
         return answer({"deleted": 1})
-    body = patch_body(request)
+    body = patch_body(body)
     settings_ = {name: getattr(job, name) for name in (*DRAFT_FIELDS, "duration", "params", "references")}
     settings_.update(body.get("settings") or {})
     settings_.update({key: body[key] for key in SETTING_KEYS if key in body})

@@ -5,20 +5,19 @@ whose `endpoint` decorator authenticates, parses and maps refusals to {"error": 
 - GET/POST /api/providers, GET/PATCH/DELETE /api/providers/<id> (POST there keeps its old
   meaning: set paused and/or concurrency), POST /api/providers/<id>/test
 
-Only the owner changes a project. Staff see every provider; changing another user's needs
-superuser or the change permission (services.provider_may_change)."""
+Only the owner changes a project. Staff see every provider; changing another user's (or
+testing its key) needs the change permission (selectors/visibility.py)."""
 
 import inspect
 
 from queue_app.models import Project, Provider
-from queue_app.providers import keycheck
 from queue_app.selectors.agents import provider_json
 from queue_app.selectors.projects import own_projects, project_counts, project_footprint, project_json, storage_summary
-from queue_app.selectors.visibility import provider_visible
+from queue_app.selectors.visibility import provider_visible, visible_to
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.projects import project_create, project_delete, project_set_archived, project_update
-from queue_app.services.providers import provider_delete, provider_save, provider_work
+from queue_app.services.providers import provider_delete, provider_save, provider_test_key, provider_work
 from queue_app.web import api, schemas
 from queue_app.web.api import answer, endpoint, visible_project
 
@@ -85,7 +84,7 @@ def _visible_provider(user, provider_id) -> Provider:
 @endpoint("GET", "POST")
 def providers_view(request, body):
     if request.method == "GET":
-        providers = Provider.objects.all() if request.user.is_staff else Provider.objects.filter(owner=request.user)
+        providers = visible_to(request.user, Provider)
         return answer({"providers": [provider_json(p) for p in providers.order_by("id")]})
     payload, code = idempotent(
         user=request.user,
@@ -115,5 +114,4 @@ def provider_view(request, body, provider_id):
 @endpoint("POST")
 def provider_test_view(request, body, provider_id):
     provider = _visible_provider(request.user, provider_id)
-    result = keycheck.test_key(provider)
-    return answer({"id": provider.id, **result})
+    return answer(provider_test_key(user=request.user, provider_id=provider.id))

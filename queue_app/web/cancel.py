@@ -1,7 +1,7 @@
 """The Cancel buttons: on the project page (a row, or the selected jobs), the job page and
 the Queue Monitor. Thin like every page: the service does the work (jobs_cancel);
-lookups go through the same ownership helpers as the other pages (staff may act on
-everyone's jobs, like on the monitor's retry and clear)."""
+lookups go through the same ownership rule as the other pages: staff see everyone's jobs,
+acting on another user's needs the jobs permission (selectors/visibility.py)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -9,10 +9,10 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from queue_app.models import Job, Project
-from queue_app.selectors.visibility import visible_jobs
+from queue_app.selectors.visibility import actable_to
 from queue_app.services.jobs import jobs_cancel
 from queue_app.web import api, monitor
-from queue_app.web.shortcuts import back_to_project, job_ids, own
+from queue_app.web.shortcuts import back_to_project, job_ids, own_to_act
 
 
 def _say(request, result: dict) -> None:
@@ -24,7 +24,7 @@ def _say(request, result: dict) -> None:
 @require_POST
 def project_cancel(request, project_id):
     """One row's Cancel (`only`) or the ticked jobs (`job`) of a project."""
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
     ids = job_ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
     ids = [str(i) for i in project.jobs.filter(id__in=ids).values_list("id", flat=True)]
     if not ids:
@@ -37,7 +37,7 @@ def project_cancel(request, project_id):
 @login_required
 @require_POST
 def job_cancel(request, job_id):
-    job = own(Job, request.user, id=job_id)
+    job = own_to_act(Job, request.user, id=job_id)
     _say(request, jobs_cancel(user=job.owner, job_ids=[job.id]))
     return redirect("job_detail", job_id=job.id)
 
@@ -47,7 +47,7 @@ def job_cancel(request, job_id):
 def monitor_cancel(request):
     """A monitor row's Cancel (or several ticked rows); back to the monitor view it came from."""
     ids = job_ids(request.POST.getlist("job"))
-    ids = [str(i) for i in visible_jobs(request.user).filter(id__in=ids).values_list("id", flat=True)]
+    ids = [str(i) for i in actable_to(request.user, Job).filter(id__in=ids).values_list("id", flat=True)]
     if not ids:
         messages.error(request, "select pending or processing jobs first")
     else:

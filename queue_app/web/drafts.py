@@ -23,7 +23,7 @@ from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST, draft_update, jobs
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import reference_store
 from queue_app.web import album_files
-from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own
+from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own, own_to_act
 
 PAGE_SIZE = 50
 OPTION_NAMES = ("aspect_ratio", "quality", "resolution", "format", "background", "duration", "sound")
@@ -175,7 +175,7 @@ def draft_options(request, project_id):
 @login_required
 @require_POST
 def drafts_add(request, project_id):
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
     created = 0
     try:
         quantity = request.POST.get("quantity") or "1"
@@ -218,7 +218,7 @@ def selected_drafts(request, project: Project) -> list:
 @login_required
 @require_POST
 def drafts_delete(request, project_id):
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
 
     def delete(ids) -> int:
         return draft_writes.drafts_delete(user=project.owner, project=project, job_ids=ids)
@@ -232,7 +232,7 @@ def drafts_delete(request, project_id):
 @login_required
 @require_POST
 def drafts_duplicate(request, project_id):
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
 
     def duplicate(ids) -> int:
         return len(draft_writes.drafts_duplicate(user=project.owner, project=project, job_ids=ids))
@@ -245,7 +245,7 @@ def drafts_duplicate(request, project_id):
 
 @login_required
 def draft_edit(request, project_id, job_id):
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
     job = Job.objects.filter(id=job_id, project=project).select_related("provider").first()
     if job is None:
         raise Http404("not found")

@@ -18,7 +18,7 @@ from queue_app.selectors import jobs as job_reads
 from queue_app.selectors.queue import runner_health
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_retry
-from queue_app.web.shortcuts import own
+from queue_app.web.shortcuts import own, own_to_act
 
 
 @login_required
@@ -44,7 +44,7 @@ def job_detail(request, job_id):
 @login_required
 @require_POST
 def job_retry(request, job_id):
-    job = own(Job, request.user, id=job_id)
+    job = own_to_act(Job, request.user, id=job_id)
     try:
         result = jobs_retry(user=job.owner, job_ids=[job.id])
         if result["retried"]:

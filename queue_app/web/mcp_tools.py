@@ -78,7 +78,7 @@ def cursor_value(cursor: str | None) -> int:
         return 0
     try:
         value = json.loads(base64.urlsafe_b64decode(cursor.encode()))["after"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise ServiceError("cursor: not a cursor this server gave") from None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= schemas.MAX_ID:
         raise ServiceError("cursor: not a cursor this server gave")
@@ -178,14 +178,14 @@ def once(ctx: Context, args, *, scope: str, run, exclude=()) -> dict:
 
 
 def create_drafts(ctx: Context, args) -> dict:
-    project = api.visible_project(ctx.user, args.project_id)
+    project = api.actable_project(ctx.user, args.project_id)
     return once(
         ctx, args, scope=f"drafts:{project.id}", run=lambda: api.drafts_create(ctx.user, project, args), exclude=("project_id",)
     )
 
 
 def start_jobs(ctx: Context, args) -> dict:
-    project = api.visible_project(ctx.user, args.project_id)
+    project = api.actable_project(ctx.user, args.project_id)
 
     def run():
         return jobs_start(user=project.owner, project=project, job_ids=args.ids(), all_drafts=args.all_drafts), 200

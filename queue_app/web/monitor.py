@@ -29,6 +29,7 @@ from queue_app.selectors.jobs import attention_jobs
 from queue_app.selectors.projects import project_choices
 from queue_app.selectors.queue import COUNT_KEYS, queue_status
 from queue_app.selectors.visibility import visible_providers
+from queue_app.services.acting import JOBS
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import failed_jobs_clear, failed_jobs_retry, failed_scope
 from queue_app.services.providers import provider_clear_cooldown, provider_set_concurrency, provider_set_paused
@@ -250,7 +251,7 @@ def scope_label(user, scope: dict) -> str:
     if scope["provider_id"]:
         name = Provider.objects.filter(id=scope["provider_id"]).values_list("name", flat=True).first() or ""
         return f"provider queue “{name}”"
-    return "all users' queues" if user.is_staff else "all your projects"
+    return "all users' queues" if user.has_perm(JOBS) else "all your projects"
 
 
 @login_required

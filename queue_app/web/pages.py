@@ -20,7 +20,7 @@ from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_retry, jobs_start
 from queue_app.web import album_files, drafts, tokens
-from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own
+from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own, own_to_act
 
 SECTION_LIMIT = 200
 ALBUM_LIMIT = 300
@@ -101,7 +101,7 @@ def project_detail(request, project_id):
 @require_POST
 def project_start(request, project_id):
     """Start selected drafts (or failed jobs: retry) — or all drafts."""
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
     ids = [i for i in request.POST.getlist("job") if is_uuid(i)]
     try:
         if request.POST.get("all") == "1":
@@ -119,7 +119,7 @@ def project_start(request, project_id):
 @login_required
 @require_POST
 def project_retry(request, project_id):
-    project = own(Project, request.user, id=project_id)
+    project = own_to_act(Project, request.user, id=project_id)
 
     def retry(ids) -> int:
         ids = list(project.jobs.filter(id__in=ids).values_list("id", flat=True))

@@ -10,12 +10,12 @@ from django.views.decorators.http import require_POST
 
 from queue_app import limits
 from queue_app.models import Family, Provider
-from queue_app.providers import crypto, keycheck
+from queue_app.providers import crypto
 from queue_app.providers.catalogue import CATALOGUE
 from queue_app.providers.options import OPTIONS, clean_option, declared
 from queue_app.services import providers as provider_writes
 from queue_app.services.errors import ServiceError
-from queue_app.services.providers import provider_may_change, provider_save, provider_work
+from queue_app.services.providers import provider_may_change, provider_save, provider_test_key, provider_work
 from queue_app.web.forms import ProviderUrlMixin
 from queue_app.web.shortcuts import own
 
@@ -132,7 +132,11 @@ def provider_edit(request, provider_id=None):
 @require_POST
 def provider_test(request, provider_id):
     provider = own(Provider, request.user, id=provider_id)
-    result = keycheck.test_key(provider)
+    try:
+        result = provider_test_key(user=request.user, provider_id=provider.id)
+    except ServiceError as refusal:
+        messages.error(request, refusal.message)
+        return redirect("provider_edit", provider_id=provider.id)
     (messages.success if result["result"] == "ok" else messages.error)(request, f"Test key: {result['message']}")
     return redirect("provider_edit", provider_id=provider.id)
 

@@ -18,9 +18,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
-from queue_app.models import Status
+from queue_app.models import Job, Status
 from queue_app.selectors import job_list
-from queue_app.selectors.visibility import visible_jobs
+from queue_app.selectors.visibility import actable_to
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import selected_failed_clear, selected_failed_retry
 from queue_app.web.monitor import back, filters_from, safe_next
@@ -37,14 +37,14 @@ MAX_SELECTED = 1000
 
 
 def cancel_jobs(*, user, job_ids) -> dict:
-    """Cancel the selected jobs the user may see, through the same path as the API and the
-    monitor's row Cancel (staff cancel anyone's: each owner's jobs through services)."""
+    """Cancel the selected jobs the user may act on, through the same path as the API and
+    the monitor's row Cancel (each owner's jobs through services); the others are skipped."""
     from queue_app.web import api
 
-    visible = [str(i) for i in visible_jobs(user).filter(id__in=list(job_ids)).values_list("id", flat=True)]
-    if not visible:
+    mine = [str(i) for i in actable_to(user, Job).filter(id__in=list(job_ids)).values_list("id", flat=True)]
+    if not mine:
         return {"done": 0}
-    return {"done": api.jobs_cancel(user, visible)["cancelled"]}
+    return {"done": api.jobs_cancel(user, mine)["cancelled"]}
 
 
 def _run(action: str, *, user, job_ids) -> int:
@@ -81,7 +81,7 @@ def bulk_action(request):
         messages.error(request, "no jobs selected")
         return back(request)
     statuses, verb = ACTIONS[action]
-    affected = visible_jobs(request.user).filter(id__in=job_ids, status__in=statuses).count()
+    affected = actable_to(request.user, Job).filter(id__in=job_ids, status__in=statuses).count()
     if request.POST.get("confirm") != "1":
         return render(
             request,

@@ -1,14 +1,17 @@
-"""What the pages do the same way: find the user's own object (404 otherwise), read posted
-job ids, and answer back to the project page (a redirect, or JSON for the page's fetch)."""
+"""What the pages do the same way: find the user's own object (404 otherwise) or one they
+may act on (403 when they may only see it), read posted job ids, and answer back to the
+project page (a redirect, or JSON for the page's fetch)."""
 
 import uuid
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 
 from queue_app.models import Project
-from queue_app.selectors.visibility import visible_to
+from queue_app.selectors.visibility import may_act, visible_to
+from queue_app.services.acting import JOBS
 from queue_app.services.errors import ServiceError
 
 
@@ -17,6 +20,16 @@ def own(model, user, **lookup):
     if isinstance(lookup.get("id"), int) and not 0 < lookup["id"] < 2**63:
         raise Http404("not found")  # an id no database column can hold
     return get_object_or_404(visible_to(user, model), **lookup)
+
+
+def own_to_act(model, user, *, permission: str = JOBS, **lookup):
+    """An object the user may act on (drafting, starting, cancelling its jobs): 404 when
+    they cannot see it, 403 when they may only see it — staff without the permission
+    look, they do not act (selectors/visibility.py)."""
+    row = own(model, user, **lookup)
+    if not may_act(user, row, permission=permission):
+        raise PermissionDenied("you may see this but not act on it: it belongs to another user")
+    return row
 
 
 def is_uuid(value) -> bool:

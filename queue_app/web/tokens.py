@@ -10,15 +10,18 @@ import logging
 import secrets
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.utils import timezone
 
+from queue_app import limits
 from queue_app.models import ApiToken
 from queue_app.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "rsq_"
-MAX_TOKENS_PER_USER = 20
+MAX_TOKENS_PER_USER = limits.API_TOKENS
 # last_used_at is written at most this often, so a busy client does not write on every call
 TOUCH_EVERY = timedelta(minutes=1)
 
@@ -30,10 +33,13 @@ def token_hash(raw: str) -> str:
 def token_create(*, user, name: str) -> tuple[ApiToken, str]:
     """A new token; the raw value is returned once and never stored."""
     name = (name or "").strip()[:100] or "token"
-    if ApiToken.objects.filter(owner=user).count() >= MAX_TOKENS_PER_USER:
-        raise ServiceError(f"at most {MAX_TOKENS_PER_USER} tokens per account; revoke one first")
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(owner=user, name=name, prefix=raw[:12], token_hash=token_hash(raw))
+    with transaction.atomic():
+        # the user's row, locked: two creates at once cannot both pass the count
+        get_user_model().objects.select_for_update().filter(id=user.id).first()
+        if ApiToken.objects.filter(owner=user).count() >= MAX_TOKENS_PER_USER:
+            raise ServiceError(f"at most {MAX_TOKENS_PER_USER} tokens per account; revoke one first")
+        token = ApiToken.objects.create(owner=user, name=name, prefix=raw[:12], token_hash=token_hash(raw))
     log.info("API token %s created by user %s", token.id, user.pk)
     return token, raw
 
