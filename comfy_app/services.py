@@ -8,6 +8,7 @@ from comfy_app.models import ComfyAllowedHost, ComfyInstance
 from queue_app import limits
 from queue_app.models import Kind, Project
 from queue_app.providers import net
+from queue_app.providers.addresses import plain_address
 from queue_app.services.acting import acting_on
 from queue_app.services.errors import ServiceError
 
@@ -28,9 +29,15 @@ def instance_of(project: Project) -> ComfyInstance:
 
 
 def check_address(url: str) -> str:
+    """An instance address: scheme, host, port and path only, through the outbound guard
+    (a private host must be allowed by staff first)."""
     url = comfy.normalise_url(url)
     if not url:
         return ""
+    try:
+        plain_address(url)
+    except ValueError as error:
+        raise ServiceError(f"the ComfyUI address is not allowed: {error}") from None
     try:
         with net.purpose(allowed_hosts.PURPOSE):
             net.check_url(url)

@@ -165,3 +165,50 @@ def test_a_deep_mcp_cursor_is_a_tool_error(owner):
     message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     response = client.post("/mcp", data=json.dumps(message), content_type="application/json")
     assert response.status_code < 500
+
+
+# --- addresses are a scheme, host, port and path prefix ------------------------------------
+
+NOT_AN_ADDRESS = [
+    ("https://api.example.com/v1?key=x", "no query"),
+    ("https://api.example.com/v1?", "no query"),
+    ("https://api.example.com/v1#frag", "no fragment"),
+    ("https://user:pw@api.example.com/v1", "user:password@"),
+    ("https://user@api.example.com/v1", "user:password@"),
+]
+
+
+@pytest.mark.parametrize("url,said", NOT_AN_ADDRESS)
+def test_a_provider_address_with_a_query_fragment_or_userinfo_is_refused(client, owner, monkeypatch, url, said):
+    from queue_app.models import Provider
+    from tests.fakes.dns import use_fake_dns
+
+    use_fake_dns(monkeypatch)
+    client.force_login(owner)
+    body = {"name": "P", "family": "openai", "api_key": "sk-" + "1" * 30, "base_url": url}
+    created = client.post("/api/providers", data=json.dumps(body), content_type="application/json")
+    assert created.status_code == 400 and said in created.json()["error"]
+    page = client.post("/providers/new", {**body, "concurrency": 1, "max_attempts": 2})
+    assert page.status_code == 200 and said in page.content.decode()
+    assert not Provider.objects.exists()
+    assert (
+        client.post(
+            "/api/providers", data=json.dumps({**body, "base_url": "https://api.example.com/v1"}), content_type="application/json"
+        ).status_code
+        == 201
+    )
+
+
+@pytest.mark.parametrize("url,said", NOT_AN_ADDRESS)
+def test_a_comfyui_address_with_a_query_fragment_or_userinfo_is_refused(client, owner, monkeypatch, url, said):
+    from comfy_app.models import ComfyInstance
+    from tests.fakes.dns import use_fake_dns
+
+    use_fake_dns(monkeypatch)
+    client.force_login(owner)
+    project = Project.objects.create(owner=owner, name="C", kind="comfyui")
+    saved = client.post(f"/projects/{project.id}/comfyui/", {"base_url": url})
+    assert saved.status_code == 200 and said in saved.content.decode()
+    assert not ComfyInstance.objects.filter(project=project).exclude(base_url="").exists()
+    tested = client.post(f"/projects/{project.id}/comfyui/test", {"base_url": url}, HTTP_ACCEPT="application/json")
+    assert tested.json()["ok"] is False and said in tested.json()["error"]

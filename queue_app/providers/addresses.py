@@ -136,8 +136,25 @@ def check_url(url: str) -> None:
         raise UnsafeURL(f"address not allowed: {host!r} is not a public address")
 
 
+def plain_address(url: str) -> str:
+    """A stored address (a provider's base URL, a ComfyUI instance) is a scheme, host, port
+    and path prefix: calls append their own paths to it. A query or a fragment would let a
+    user aim a call at an exact path of their choosing, and user:password@ would carry a
+    secret where the write-only fields cannot guard it: each is refused, readably."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ValueError("an address carries no user name or password (user:password@): enter the password in its own field")
+    if parts.query or "?" in url:
+        raise ValueError("an address ends at its path: no query (?…)")
+    if parts.fragment or "#" in url:
+        raise ValueError("an address ends at its path: no fragment (#…)")
+    return url
+
+
 def validate_base_url(url: str) -> str:
-    """For provider base_url overrides: the same guard, a readable message."""
+    """For provider base_url overrides: an address only (`plain_address`) that passes the
+    guard, or ValueError with a readable message."""
+    plain_address(url)
     try:
         check_url(url)
     except UnsafeURL as exc:
