@@ -136,6 +136,76 @@ def test_a_real_image_under_a_lying_header_is_stored_as_what_it_is(owner, inline
     assert item.content_type == "image/png" and item.kind == "image" and item.file.name.endswith(".png")
 
 
+# --- images with huge dimensions -----------------------------------------------------------
+
+
+def png_claiming(width: int, height: int, *, mode: str = "1") -> bytes:
+    """A real PNG of `width` × `height` pixels: one bit each, all black, so a few KB on disk
+    for what decodes to hundreds of MB."""
+    import zlib
+
+    from PIL import Image
+
+    image = Image.new(mode, (width, height))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=9)
+    del image
+    data = buffer.getvalue()
+    assert len(data) < 200_000 and zlib  # tiny on disk
+    return data
+
+
+@pytest.fixture(scope="module")
+def huge_png():
+    return png_claiming(13000, 13000)
+
+
+def test_an_image_over_the_pixel_bound_is_refused_from_its_header(huge_png):
+    from queue_app import limits
+
+    with pytest.raises(media.NotMedia) as refused:
+        media.sniff(huge_png)
+    assert "13000 × 13000 pixels" in str(refused.value)
+    assert media.image_header(png_claiming(64, 64)) == ("image/png", 64, 64)
+    side = int(limits.IMAGE_PIXELS**0.5)
+    assert media.image_header(png_claiming(side, side))[1:] == (side, side)  # the bound itself is allowed
+
+
+def test_a_huge_poster_is_dropped_without_decoding_it(huge_png, monkeypatch):
+    from PIL import Image
+
+    decoded = []
+
+    def never(*args, **kwargs):
+        decoded.append(True)
+        raise MemoryError("13000 × 13000 pixels, decoded")
+
+    monkeypatch.setattr(Image.Image, "load", never)
+    assert media.jpeg_poster(huge_png) is None
+    assert decoded == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_huge_image_output_fails_its_job_with_the_reason(owner, inline_tasks, settings, huge_png):
+    _, job = run_with(owner, inline_tasks, settings, (huge_png, "image/png"))
+    assert job.status == Status.FAILED and "13000 × 13000 pixels" in job.error, job.error
+    assert not AlbumItem.objects.filter(job=job).exists()
+
+
+@pytest.mark.django_db
+def test_a_huge_reference_image_is_refused_with_the_reason(owner, project, huge_png):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from queue_app.models import Reference
+
+    client = Client()
+    client.force_login(owner)
+    upload = SimpleUploadedFile("huge.png", huge_png, content_type="image/png")
+    response = client.post(f"/projects/{project.id}/drafts", {"prompt": "a fox", "reference_files": upload}, follow=True)
+    assert "13000 × 13000 pixels" in response.content.decode()
+    assert not Reference.objects.exists() and not Job.objects.filter(project=project).exists()
+
+
 # --- how files are served ------------------------------------------------------------------
 
 

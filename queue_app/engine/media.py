@@ -12,9 +12,12 @@ older row may hold is served as an attachment (queue_app.web.album_files).
 """
 
 import io
+import warnings
 
 import puremagic
 from PIL import Image
+
+from queue_app import limits
 
 # The media types an album item may have, with the file extension it is stored under.
 ALBUM_TYPES = {
@@ -58,15 +61,32 @@ class NotMedia(ValueError):
     """The bytes are not a media file the album can show."""
 
 
-def image_type(data: bytes) -> str | None:
-    """image/png, image/jpeg, image/webp or image/gif if Pillow reads `data` as one."""
+def image_header(source) -> tuple[str | None, int | None, int | None]:
+    """(type, width, height) of an image from its header alone — `Image.open` is lazy, so
+    nothing is decoded; (None, None, None) when Pillow does not read it as an image we
+    keep. `source`: bytes, or a file opened for reading. NotMedia when the header claims
+    more than limits.IMAGE_PIXELS: a tiny file can claim gigabytes of decoded pixels, and
+    nothing of ours (poster, reference, album) decodes one that large."""
+    handle = io.BytesIO(source) if isinstance(source, bytes | bytearray) else source
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return IMAGE_FORMATS.get(image.format or "")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own bound follows
+            with Image.open(handle) as image:
+                found, (width, height) = IMAGE_FORMATS.get(image.format or ""), image.size
     except Image.DecompressionBombError:
-        raise NotMedia("the image is too large to show (more pixels than the album accepts)") from None
+        found, width, height = "image", 10**6, 10**6  # past Pillow's own bound, so past ours
     except Exception:
-        return None
+        return None, None, None
+    if width * height > limits.IMAGE_PIXELS:
+        side = int(limits.IMAGE_PIXELS**0.5)
+        raise NotMedia(f"an image of {width} × {height} pixels, more than the {side} × {side} images are allowed to have")
+    return found, width, height
+
+
+def image_type(data: bytes) -> str | None:
+    """image/png, image/jpeg, image/webp or image/gif if Pillow reads `data` as one (from
+    its header: NotMedia for one with too many pixels)."""
+    return image_header(data)[0]
 
 
 def _magic(data: bytes) -> list:
@@ -114,8 +134,12 @@ def kind_of(content_type: str) -> str:
 
 
 def jpeg_poster(data: bytes) -> bytes | None:
-    """A poster frame as JPEG (it is served as image/jpeg), or None if it is not an image."""
-    found = image_type(data)
+    """A poster frame as JPEG (it is served as image/jpeg), or None if it is not an image
+    or one too large to decode (a video keeps no poster then; it is not failed for it)."""
+    try:
+        found = image_type(data)
+    except NotMedia:
+        return None
     if found == "image/jpeg":
         return data
     if found is None:

@@ -13,10 +13,7 @@ from the file name or the browser's claim; only PNG, JPEG, WebP and GIF are kept
 
 import base64
 import binascii
-import io
 import re
-
-from PIL import Image
 
 from queue_app import limits
 from queue_app.engine import media
@@ -53,11 +50,7 @@ def image_facts(data: bytes, *, label: str = "the file") -> tuple[str, int | Non
         except media.NotMedia as error:
             detail = str(error).replace("not a media file the album can show: ", "")
         raise BadReference(f"{label} is not an image (PNG, JPEG, WebP or GIF): {detail}")
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Exception:
-        width = height = None
+    _, width, height = media.image_header(data)
     return content_type, width, height
 
 
