@@ -58,3 +58,17 @@ def stop_listeners(listeners) -> None:
     for instance_id in list(listeners._tasks):
         listeners.drop(instance_id)
     listeners._loop.call_soon_threadsafe(listeners._loop.stop)
+
+
+def usage_and_limit(user_id: int, *, excluding_job=None) -> tuple[int, int]:
+    """The output writer's quota read (hot_sql.job_to_complete names the user and the job
+    left out by its own columns), here with parameters: (bytes stored, limit)."""
+    from queue_app.engine import model_sql
+
+    if excluding_job is None:
+        sql, params = hot_sql._usage_and_limit_sql("%s", None), [user_id, user_id, user_id]
+    else:
+        job = hot_sql._param(Job, "id", excluding_job)
+        sql, params = hot_sql._usage_and_limit_sql("%s", "%s"), [user_id, job, user_id, user_id]
+    [(used, limit)] = model_sql.fetch(f"SELECT {sql}", params)
+    return hot_sql._usage_and_limit(used, limit)

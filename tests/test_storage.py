@@ -96,17 +96,11 @@ def test_the_project_list_shows_storage(signed_in, owner, project):
 
 
 def test_the_output_writers_one_statement_reads_what_the_pages_read(owner, outsider, project):
-    from queue_app.engine import hot_sql, model_sql, outputs
+    from queue_app.engine import outputs
+    from tests.engine_helpers import usage_and_limit as read
 
     def usage_and_limit(excluding_job=None):
-        # The output writer's quota read (hot_sql.job_to_complete) names the user and the
-        # job left out by its own columns; here by parameters.
-        if excluding_job is None:
-            sql, params = hot_sql._usage_and_limit_sql("%s", None), [owner.id, owner.id]
-        else:
-            sql, params = hot_sql._usage_and_limit_sql("%s", "%s"), [owner.id, hot_sql._param(Job, "id", excluding_job), owner.id]
-        [(used, limit)] = model_sql.fetch(f"SELECT {sql}", params)
-        return hot_sql._usage_and_limit(used, limit)
+        return read(owner.id, excluding_job=excluding_job)
 
     # No settings row yet: the default limit.
     AccountSettings.objects.filter(user=owner).delete()

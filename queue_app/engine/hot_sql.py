@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from queue_app.engine import model_sql
-from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Provider, Status
+from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Provider, Reference, Status
 
 
 def _param(model, field: str, value):
@@ -87,12 +87,13 @@ def insert_attempt(attempt):
 
 def _usage_and_limit_sql(owner: str, job: str | None) -> str:
     # `owner` and `job`: SQL naming the user and the job left out (a placeholder, or a
-    # column of the statement around it).
-    sql = f"(SELECT SUM(size) FROM {AlbumItem._meta.db_table} WHERE owner_id = {owner}"
+    # column of the statement around it). Placeholders in order: owner, job, owner, owner.
+    album = f"SELECT SUM(size) FROM {AlbumItem._meta.db_table} WHERE owner_id = {owner}"
     if job is not None:
-        sql += f" AND (job_id IS NULL OR job_id <> {job})"
+        album += f" AND (job_id IS NULL OR job_id <> {job})"
+    references = f"SELECT SUM(size) FROM {Reference._meta.db_table} WHERE owner_id = {owner}"
     limit = f"SELECT storage_limit_bytes FROM {AccountSettings._meta.db_table} WHERE user_id = {owner} ORDER BY id LIMIT 1"
-    return f"{sql}), ({limit})"
+    return f"COALESCE(({album}), 0) + COALESCE(({references}), 0), ({limit})"
 
 
 def _usage_and_limit(used, limit) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from queue_app.engine import events, failpoints, hot_sql, media, model_sql, transitions
-from queue_app.models import AccountSettings, AlbumItem, Job, fence
+from queue_app.models import AccountSettings, AlbumItem, Job, Reference, fence
 from queue_app.providers import net
 from queue_app.providers.base import Output
 
@@ -80,10 +80,16 @@ class Prepared:
 
 
 def usage_bytes(user_id: int, *, excluding_job=None) -> int:
+    """What a user stores: their album items (but the job `excluding_job`'s) and the
+    reference images they uploaded."""
     items = AlbumItem.objects.filter(owner_id=user_id)
     if excluding_job is not None:
         items = items.exclude(job_id=excluding_job)
-    return items.aggregate(total=Sum("size"))["total"] or 0
+    return (items.aggregate(total=Sum("size"))["total"] or 0) + reference_bytes(user_id)
+
+
+def reference_bytes(user_id: int) -> int:
+    return Reference.objects.filter(owner_id=user_id).aggregate(total=Sum("size"))["total"] or 0
 
 
 def storage_limit(user_id: int) -> int:

@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from queue_app.models.queue import Job, Project
 
@@ -64,10 +65,14 @@ class Reference(models.Model):
     width = models.PositiveIntegerField(null=True, blank=True)
     height = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Uploaded, or named by a new draft: a reference no job names is deleted once this is
+    # older than limits.REFERENCE_GRACE_SECONDS (services/references.references_prune).
+    last_used_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at", "id"]
         constraints = [models.UniqueConstraint(fields=["owner", "sha256"], name="reference_one_file_per_content")]
+        indexes = [models.Index(fields=["last_used_at"], name="reference_last_used")]
 
     def __str__(self):
         return f"reference {self.sha256[:12]} of user {self.owner_id}"

@@ -7,8 +7,9 @@ the workers; detached tasks' HTTP checks run here on a bounded thread pool.
 Steps: heartbeat (HEARTBEAT_SECONDS); heal expired leases (HEAL_INTERVAL_SECONDS) and the
 work of dead processes (DEAD_OWNER_SECONDS); the dispatch safety net
 (DISPATCH_SAFETY_NET_SECONDS); a wake when a cool-down or backoff ends (wake_schedule);
-every second, due detached polls, runner ticks and finish notifications; every 10
-minutes, the pruning of day-old live events.
+every second, due detached polls, runner ticks and finish notifications; every minute, up
+to 50 uploaded reference images no job named for a day (storage.references_prune); every
+10 minutes, the pruning of day-old live events.
 """
 
 import logging
@@ -26,10 +27,12 @@ from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
 from queue_app.queue_service import poll_pool, recovery
+from queue_app.services.storage import references_prune
 
 log = logging.getLogger(__name__)
 
 EVENT_RETENTION = timedelta(days=1)
+REFERENCE_BATCH = 50  # unused uploads removed per minute at most: a short statement each
 # How often the schedule of wake moments is re-read (cool-downs and backoffs written by
 # workers meanwhile), and how long the idle loop sleeps at most.
 WAKE_REFRESH_SECONDS = 0.25
@@ -127,6 +130,9 @@ class QueueService:
         deleted, _ = ProjectEvent.objects.filter(created_at__lt=timezone.now() - EVENT_RETENTION).delete()
         return deleted > 0
 
+    def step_prune_references(self, now=None) -> bool:
+        return references_prune(now=now, batch=REFERENCE_BATCH) > 0
+
     def step_notify(self, now=None) -> bool:
         # Pushes are sent on the sender's own threads; this step only starts them.
         if self.push_sender is None:
@@ -154,6 +160,8 @@ class QueueService:
             did = self.step_notify() or did
         if self.due("prune", 600):
             self.step_prune()
+        if self.due("prune_references", 60):
+            did = self.step_prune_references() or did
         return did
 
     def recover_on_start(self) -> dict | None:

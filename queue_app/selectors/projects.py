@@ -76,22 +76,24 @@ def project_counts(project: Project) -> dict:
 
 
 def storage_summary(user, *, project: Project | None = None) -> dict:
-    """Album usage against the user's limit, and what starting jobs would reserve under
-    the estimate rule (JOB_STORAGE_ESTIMATE_BYTES per pending job). `fits_now` is how many
-    more jobs a start may take; with a project, `project_bytes` and `drafts` are its own."""
+    """Storage used (album items and uploaded references) against the user's limit, and
+    what starting jobs would reserve under the estimate rule (JOB_STORAGE_ESTIMATE_BYTES
+    per pending job). `fits_now` is how many more jobs a start may take; with a project,
+    `project_bytes` and `drafts` are its own."""
     from django.conf import settings
     from django.db.models import Sum
 
     from queue_app.engine import outputs
     from queue_app.models import AlbumItem
 
-    used = outputs.usage_bytes(user.id)
+    used = outputs.usage_bytes(user.id)  # album items and uploaded references
     limit = outputs.storage_limit(user.id)
     per_job = settings.JOB_STORAGE_ESTIMATE_BYTES
     pending = Job.objects.filter(owner=user, status=Status.PENDING).count()
     reserved = pending * per_job
     summary = {
         "used_bytes": used,
+        "reference_bytes": outputs.reference_bytes(user.id),
         "limit_bytes": limit,
         "per_job_bytes": per_job,
         "pending": pending,

@@ -9,7 +9,7 @@ from queue_app.models import Job, Kind, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE, default_model
 from queue_app.services import references
 from queue_app.services.errors import ServiceError, within_limits
-from queue_app.services.storage import reference_store
+from queue_app.services.storage import references_store_new
 
 MAX_DRAFTS_PER_REQUEST = limits.QUANTITY.high
 
@@ -41,10 +41,12 @@ def jobs_create_drafts(
     provider: Provider | None = None,
     settings_: dict | None = None,
     per_line: bool = False,
+    uploads=(),
 ) -> list[Job]:
     """Create `quantity` drafts of one prompt — or, `per_line`, of each non-blank line of
-    it. Validates at the edge: a bad value is a ServiceError with a readable message, and
-    nothing is created."""
+    it, naming the form's `uploads` (image files) after their references. Validates
+    everything first: a bad value is a ServiceError with a readable message, and nothing
+    is created or stored."""
     if project.owner_id != user.id:
         raise ServiceError("project not found", 404)
     prompt = prompt_checked(prompt)
@@ -57,8 +59,10 @@ def jobs_create_drafts(
             f"one request makes at most {MAX_DRAFTS_PER_REQUEST}"
         )
     draft_provider_check(user=user, project=project, provider=provider)
-    values = draft_values(user=user, settings_=settings_)
+    values = draft_values(user=user, settings_=settings_, uploads=uploads)
     draft_default_model(project=project, provider=provider, values=values)
+    if "references" in values:  # valid in full: now the new images are stored
+        values["references"] = references_store_new(user, values["references"])
     jobs = [
         Job(project=project, owner=user, prompt=text, provider=provider, **values) for text in prompts for _ in range(quantity)
     ]
@@ -90,10 +94,14 @@ def draft_default_model(*, project: Project, provider: Provider | None, values: 
         values["model"] = default_model(provider.family, project.kind)
 
 
-def draft_values(*, user, settings_: dict | None) -> dict:
-    """The model, output settings, params and references of a draft, checked."""
+def draft_values(*, user, settings_: dict | None, uploads=()) -> dict:
+    """The model, output settings, params and references of a draft, checked; images not
+    stored yet stay `references.New` (the caller stores them once the draft is valid)."""
     values = {}
-    for key, value in (settings_ or {}).items():
+    settings_ = dict(settings_ or {})
+    if uploads:
+        settings_.setdefault("references", [])
+    for key, value in settings_.items():
         if key == "duration":
             if value in (None, ""):
                 continue
@@ -111,7 +119,7 @@ def draft_values(*, user, settings_: dict | None) -> dict:
             values["params"] = value
         elif key == "references":
             try:
-                values["references"] = references.normalize(user, value, store=reference_store)
+                values["references"] = references.normalize(user, value, uploads=uploads)
             except references.BadReference as error:
                 raise ServiceError(str(error)) from None
         else:
@@ -130,16 +138,19 @@ def drafts_delete(*, user, project: Project, job_ids) -> int:
     return deleted
 
 
-def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settings_: dict) -> Job:
-    """Change a draft's prompt, provider and settings (a blank setting: the project's).
-    Only a draft changes: one that was started meanwhile answers "no longer a draft"."""
+def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settings_: dict, uploads=()) -> Job:
+    """Change a draft's prompt, provider and settings (a blank setting: the project's),
+    adding the form's `uploads` to its references. Only a draft changes: one that was
+    started meanwhile answers "no longer a draft"; a refusal stores nothing."""
     job = Job.objects.filter(id=job_id, owner=user).select_related("project").first()
     if job is None:
         raise ServiceError("draft not found", 404)
     prompt = prompt_checked(prompt)
     draft_provider_check(user=user, project=job.project, provider=provider)
-    values = draft_values(user=user, settings_=settings_)
+    values = draft_values(user=user, settings_=settings_, uploads=uploads)
     draft_default_model(project=job.project, provider=provider, values=values)
+    if "references" in values:
+        values["references"] = references_store_new(user, values["references"])
     # every editable field is written: the ones the form left blank go back to the project's
     fields = {name: values.get(name, "") for name in DRAFT_FIELDS}
     fields.update(

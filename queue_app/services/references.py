@@ -1,19 +1,28 @@
 """What a draft may name as a reference, checked once for the pages and the API.
 
 A draft's `references` is a list of strings, each one of
-- "ref:<sha256>"  an image its owner uploaded (a `Reference` row: one file per content);
+- "ref:<sha256>"  an image its owner uploaded (a `Reference` row: one file per content,
+                  album-independent: a form's files, POST /api/references, a data: URI);
 - "album:<id>"    an image of its owner's album;
 - an http(s) URL  fetched by the provider (or through the guarded client) when it runs.
-A `data:` URI sent to the API is decoded, checked and stored like an upload, and the draft
-keeps "ref:<sha256>" (`normalize`).
+
+Validation comes first, storing after: `normalize` checks every entry and returns a
+`New` for each image not stored yet (a data: URI, a form's file); the draft services
+store those (`storage.references_store_new`) only once the whole draft is valid, so a
+refused draft leaves no file behind.
 
 The type of an uploaded image is read from its bytes (Pillow, as album files are), never
-from the file name or the browser's claim; only PNG, JPEG, WebP and GIF are kept.
+from the file name or the browser's claim; only PNG, JPEG, WebP and GIF are kept, and
+none with more pixels than limits.IMAGE_PIXELS.
 """
 
 import base64
 import binascii
+import io
 import re
+from dataclasses import dataclass
+
+from django.utils import timezone
 
 from queue_app import limits
 from queue_app.engine import media
@@ -27,31 +36,71 @@ MAX_URL_CHARS = limits.REFERENCE_CHARS
 IMAGE_TYPES = set(media.IMAGE_FORMATS.values())
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _DATA_URI = re.compile(r"^data:([\w.+/-]*)((?:;[\w=.-]+)*),(.*)$", re.S)
+SNIFF_BYTES = 1024 * 1024  # what naming a refused file's type needs to read
+MIB = 1024 * 1024  # sizes are said in MB of 2^20 bytes, as the limits are written
 
 
 class BadReference(ValueError):
     """A reference a draft cannot take; the message says why, for the user."""
 
 
-def image_facts(data: bytes, *, label: str = "the file") -> tuple[str, int | None, int | None]:
-    """(content type, width, height) of an image read from its bytes, or BadReference."""
-    if not data:
+@dataclass
+class New:
+    """An image checked and not stored yet: `source` is bytes or an uploaded file (read in
+    chunks when stored, never whole in memory)."""
+
+    source: object
+    label: str
+    content_type: str
+    size: int
+    width: int | None
+    height: int | None
+    sha256: str = ""  # filled in when stored
+
+
+def _size_of(source) -> int:
+    if isinstance(source, bytes | bytearray):
+        return len(source)
+    size = getattr(source, "size", None)
+    if size is None:
+        source.seek(0, io.SEEK_END)
+        size = source.tell()
+    return size
+
+
+def checked(source, *, label: str = "the file") -> New:
+    """An image read from its bytes (`source`: bytes or a file), checked and not stored;
+    BadReference saying why not."""
+    size = _size_of(source)
+    if not size:
         raise BadReference(f"{label} is empty")
-    if len(data) > MAX_REFERENCE_BYTES:
-        raise BadReference(f"{label} is {len(data) / 1e6:.1f} MB; a reference image may be {MAX_REFERENCE_BYTES / 1e6:.0f} MB")
+    if size > MAX_REFERENCE_BYTES:
+        raise BadReference(f"{label} is {size / MIB:.1f} MB; a reference image may be {MAX_REFERENCE_BYTES / MIB:.0f} MB")
+    if not isinstance(source, bytes | bytearray):
+        source.seek(0)
     try:
-        content_type = media.image_type(data)
+        content_type, width, height = media.image_header(source)
     except media.NotMedia as error:
         raise BadReference(f"{label}: {error}") from None
     if content_type not in IMAGE_TYPES:
-        try:
-            found = media.sniff(data)
-            detail = f"it is {found}"
-        except media.NotMedia as error:
-            detail = str(error).replace("not a media file the album can show: ", "")
-        raise BadReference(f"{label} is not an image (PNG, JPEG, WebP or GIF): {detail}")
-    _, width, height = media.image_header(data)
-    return content_type, width, height
+        raise BadReference(f"{label} is not an image (PNG, JPEG, WebP or GIF): {_what_it_is(source)}")
+    return New(source, label, content_type, size, width, height)
+
+
+def _what_it_is(source) -> str:
+    if not isinstance(source, bytes | bytearray):
+        source.seek(0)
+        source = source.read(SNIFF_BYTES)
+    try:
+        return f"it is {media.sniff(source)}"
+    except media.NotMedia as error:
+        return str(error).replace("not a media file the album can show: ", "")
+
+
+def image_facts(data: bytes, *, label: str = "the file") -> tuple[str, int | None, int | None]:
+    """(content type, width, height) of an image read from its bytes, or BadReference."""
+    new = checked(data, label=label)
+    return new.content_type, new.width, new.height
 
 
 def decode_data_uri(value: str) -> bytes:
@@ -64,41 +113,49 @@ def decode_data_uri(value: str) -> bytes:
         raise BadReference("a data: reference is not valid base64") from None
 
 
-def normalize(user, values, *, store) -> list[str]:
-    """The references a draft of `user` keeps, from what a form or a request gave.
+def normalize(user, values, *, uploads=()) -> list:
+    """The references a draft of `user` keeps, from what a form or a request gave, and the
+    form's `uploads` after them: strings, and a `New` for each image to store.
 
-    `store(user, data) -> sha256` keeps an inline image (a data: URI) as an upload.
-    Raises BadReference naming the first bad entry; nothing is stored for a refused list
-    unless it was itself valid (storing is idempotent by content).
+    Nothing is stored here. An uploaded reference a draft names is marked used now, so the
+    clean-up of unused uploads (`storage.references_prune`) leaves it be. Raises
+    BadReference naming the first bad entry.
     """
-    if values in (None, ""):
-        return []
+    values = [] if values in (None, "") else values
     if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
         raise BadReference("references must be a list of strings")
-    if len(values) > MAX_REFERENCES:
-        raise BadReference(f"{len(values)} references; a draft takes at most {MAX_REFERENCES}")
-    kept = []
-    for number, raw in enumerate(values, start=1):
-        value = raw.strip()
-        label = f"reference {number}"
-        if value.startswith("ref:"):
-            sha = value[4:]
-            if not _SHA.match(sha) or not Reference.objects.filter(owner=user, sha256=sha).exists():
-                raise BadReference(f"{label}: no uploaded image {value[:20]!r} in this account")
-        elif value.startswith("album:"):
-            item_id = value[6:]
-            valid_id = item_id.isdigit() and len(item_id) < 19
-            item = AlbumItem.objects.filter(id=int(item_id), owner=user).first() if valid_id else None
-            if item is None or not item.file:
-                raise BadReference(f"{label}: {value!r} is not an album item of this account")
-            if item.kind != AlbumItem.ItemKind.IMAGE:
-                raise BadReference(f"{label}: album item {item_id} is a {item.kind}, not an image")
-        elif value.startswith("data:"):
-            value = "ref:" + store(user, decode_data_uri(value), label=label)
-        elif value.startswith(("https://", "http://")):
-            if len(value) > MAX_URL_CHARS:
-                raise BadReference(f"{label}: the URL is longer than {MAX_URL_CHARS} characters")
-        else:
-            raise BadReference(f"{label} must be ref:<sha256>, album:<id>, a data: URI or an http(s) URL")
-        kept.append(value)
+    if len(values) + len(uploads) > MAX_REFERENCES:
+        raise BadReference(f"{len(values) + len(uploads)} references; a draft takes at most {MAX_REFERENCES}")
+    kept = [_one(user, raw.strip(), f"reference {number}") for number, raw in enumerate(values, start=1)]
+    for upload in uploads:
+        kept.append(checked(upload, label=f"{getattr(upload, 'name', 'the file')[:60]!r}"))
+    if sum(item.size for item in kept if isinstance(item, New)) > limits.UPLOAD_BYTES:
+        raise BadReference(
+            f"the new reference images add up to more than {limits.UPLOAD_BYTES / MIB:.0f} MB in one request: "
+            "add some, save, then add the rest (or upload them one by one through POST /api/references)"
+        )
     return kept
+
+
+def _one(user, value: str, label: str):
+    if value.startswith("ref:"):
+        sha = value[4:]
+        found = _SHA.match(sha) and Reference.objects.filter(owner=user, sha256=sha).update(last_used_at=timezone.now())
+        if not found:
+            raise BadReference(f"{label}: no uploaded image {value[:20]!r} in this account")
+    elif value.startswith("album:"):
+        item_id = value[6:]
+        valid_id = item_id.isdigit() and len(item_id) < 19
+        item = AlbumItem.objects.filter(id=int(item_id), owner=user).first() if valid_id else None
+        if item is None or not item.file:
+            raise BadReference(f"{label}: {value!r} is not an album item of this account")
+        if item.kind != AlbumItem.ItemKind.IMAGE:
+            raise BadReference(f"{label}: album item {item_id} is a {item.kind}, not an image")
+    elif value.startswith("data:"):
+        return checked(decode_data_uri(value), label=label)
+    elif value.startswith(("https://", "http://")):
+        if len(value) > MAX_URL_CHARS:
+            raise BadReference(f"{label}: the URL is longer than {MAX_URL_CHARS} characters")
+    else:
+        raise BadReference(f"{label} must be ref:<sha256>, album:<id>, a data: URI or an http(s) URL")
+    return value

@@ -92,7 +92,10 @@ def read_body(request) -> dict:
     return body
 
 
-def endpoint(*methods):
+def endpoint(*methods, json_body: bool = True):
+    """An API view: method check, authentication, the JSON body parsed (`json_body`; an
+    upload reads its own multipart body), refusals as {"error": …}."""
+
     def decorate(view):
         @csrf_exempt
         @wraps(view)
@@ -107,7 +110,7 @@ def endpoint(*methods):
             request.user = user
             body = {}
             try:
-                if request.method in ("POST", "PATCH"):
+                if json_body and request.method in ("POST", "PATCH"):
                     body = read_body(request)
                 return view(request, body, *args, **kwargs)
             except ServiceError as refusal:

@@ -1,10 +1,20 @@
 """JSON API of one draft: `PATCH /api/drafts/<id>` edits it (only the keys sent change;
 `provider_id: null` returns it to the project's provider), `DELETE` deletes it. The same
-services and reference checks as the project page (queue_app.web.drafts)."""
+services and reference checks as the project page (queue_app.web.drafts).
+
+`POST /api/references` takes one reference image as a multipart upload (field `file`, up
+to limits.REFERENCE_BYTES, streamed to disk) and answers its album-independent
+"ref:<sha256>" id, which any draft of the account may name (API, MCP, pages). An upload no
+draft names is removed after limits.REFERENCE_GRACE_SECONDS.
+"""
+
+from django.core.exceptions import BadRequest, RequestDataTooBig, TooManyFilesSent
+from django.http.multipartparser import MultiPartParserError
 
 from queue_app.models import Job, Provider, Status
 from queue_app.services.drafts import DRAFT_FIELDS, draft_update, drafts_delete
 from queue_app.services.errors import ServiceError, refuse_unknown
+from queue_app.services.storage import reference_upload
 from queue_app.web.api import answer, endpoint
 
 SETTING_KEYS = (*DRAFT_FIELDS, "duration", "params", "references")
@@ -72,3 +82,26 @@ def draft_view(request, body, job_id):
         raise ServiceError("prompt must be text")
     job = draft_update(user=request.user, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
     return answer(draft_payload(job))
+
+
+@endpoint("POST", json_body=False)
+def references_view(request, body):
+    """One image in, its "ref:<sha256>" out (201; the same image again: 200, stored once)."""
+    if not request.content_type.startswith("multipart/form-data"):
+        raise ServiceError("send the image as multipart/form-data in a field named file", 415)
+    try:
+        files = request.FILES.getlist("file")
+    except (MultiPartParserError, RequestDataTooBig, TooManyFilesSent, BadRequest) as refusal:
+        raise ServiceError(f"the upload could not be read: {refusal}") from None
+    if len(files) != 1:
+        raise ServiceError("send exactly one image in a field named file")
+    row, created = reference_upload(user=request.user, upload=files[0], label=repr(files[0].name[:60]))
+    payload = {
+        "reference": f"ref:{row.sha256}",
+        "sha256": row.sha256,
+        "content_type": row.content_type,
+        "size": row.size,
+        "width": row.width,
+        "height": row.height,
+    }
+    return answer(payload, 201 if created else 200)

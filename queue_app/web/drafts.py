@@ -21,7 +21,6 @@ from queue_app.services import drafts as draft_writes
 from queue_app.services import references
 from queue_app.services.drafts import MAX_DRAFTS_PER_REQUEST, draft_update, jobs_create_drafts
 from queue_app.services.errors import ServiceError
-from queue_app.services.storage import reference_store
 from queue_app.web import album_files
 from queue_app.web.shortcuts import act_on_selected, back_to_project, is_uuid, own, own_to_act
 
@@ -125,24 +124,13 @@ def form_settings(project: Project, provider: Provider | None, data) -> dict:
     return values
 
 
-def form_references(request, owner, *, keep=()) -> list[str]:
-    """The references of a draft form: kept ones (editing), album images picked, and the
-    files uploaded (each stored once by content, as the project owner's: staff acting on
-    a project store them there). The count limit is checked before any file is stored."""
+def form_references(request, *, keep=()) -> tuple[list[str], list]:
+    """(references, uploads) of a draft form: kept ones (editing) and album images picked,
+    and the image files uploaded — checked and stored by the draft services once the
+    whole draft is valid (as the project owner's: an operator acting on a project stores
+    them there)."""
     picked = [value for value in request.POST.getlist("reference") if value]
-    uploads = request.FILES.getlist("reference_files")
-    total = len(keep) + len(picked) + len(uploads)
-    if total > references.MAX_REFERENCES:
-        raise ServiceError(f"{total} reference images; a draft takes at most {references.MAX_REFERENCES}")
-    stored = []
-    for upload in uploads:
-        label = f"{upload.name[:60]!r}"
-        if upload.size > references.MAX_REFERENCE_BYTES:
-            raise ServiceError(
-                f"{label} is {upload.size / 1e6:.1f} MB; a reference image may be {references.MAX_REFERENCE_BYTES / 1e6:.0f} MB"
-            )
-        stored.append("ref:" + reference_store(owner, upload.read(), label=label))
-    return [*keep, *picked, *stored]
+    return [*keep, *picked], request.FILES.getlist("reference_files")
 
 
 # --- The drafts section -----------------------------------------------------------------
@@ -182,10 +170,10 @@ def drafts_add(request, project_id):
         if not quantity.isdigit():
             raise ServiceError(f"quantity must be a whole number from 1 to {MAX_DRAFTS_PER_REQUEST}")
         if not request.POST.get("prompt", "").strip():
-            raise ServiceError("a prompt is required")  # before any upload is stored
+            raise ServiceError("a prompt is required")
         provider = chosen_provider(request.POST, project)
         settings_ = form_settings(project, provider, request.POST)
-        settings_["references"] = form_references(request, project.owner)
+        settings_["references"], uploads = form_references(request)
         jobs = jobs_create_drafts(
             user=project.owner,
             project=project,
@@ -194,6 +182,7 @@ def drafts_add(request, project_id):
             provider=provider,
             settings_=settings_,
             per_line=request.POST.get("per_line") == "on",
+            uploads=uploads,
         )
         created = len(jobs)
         messages.success(request, f"{created} draft(s) created")
@@ -259,8 +248,10 @@ def draft_edit(request, project_id, job_id):
             keep = [value for value in request.POST.getlist("keep") if value in (job.references or [])]
             provider = chosen_provider(request.POST, project)
             settings_ = form_settings(project, provider, request.POST)
-            settings_["references"] = form_references(request, project.owner, keep=keep)
-            draft_update(user=project.owner, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
+            settings_["references"], uploads = form_references(request, keep=keep)
+            draft_update(
+                user=project.owner, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_, uploads=uploads
+            )
             messages.success(request, "draft saved")
             return redirect("project_detail", project_id=project.id)
         except ServiceError as error:

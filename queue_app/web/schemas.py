@@ -171,8 +171,9 @@ class DraftOptions(Schema):
         None,
         max_length=limits.REFERENCES,
         description=(
-            f"reference images, at most {limits.REFERENCES}: ref:<sha256> (an upload), album:<id> (an album image), "
-            "a data: URI (stored as an upload) or an http(s) URL"
+            f"reference images, at most {limits.REFERENCES}: ref:<sha256> (an upload: POST /api/references takes one "
+            f"image of up to {limits.REFERENCE_BYTES // 2**20} MB), album:<id> (an album image), a data: URI (stored as "
+            f"an upload; it counts against the body's {limits.REQUEST_BYTES // 2**20} MiB) or an http(s) URL"
         ),
     )
 

@@ -65,6 +65,7 @@ urlpatterns = [
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
     path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
     path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
+    path("api/references", api_drafts.references_view, name="api_references"),
     path("api/projects", api_manage.projects_view, name="api_projects"),
     path("api/projects/<int:project_id>", api_manage.project_view, name="api_project"),
     path("api/providers", api_manage.providers_view, name="api_providers"),
