@@ -112,7 +112,8 @@ FORM_BYTES = 5 * 1024 * 1024
 BODY_BYTES = FORM_BYTES + WORKFLOW_FILE_BYTES
 # An upload in memory before Django spools it to a temporary file (FILE_UPLOAD_MAX_MEMORY_SIZE).
 UPLOAD_MEMORY_BYTES = 1024 * 1024
-WEBSOCKET_MESSAGE_BYTES = 64 * 1024  # one frame a browser sends the live socket
+FORM_FIELDS = 2000  # fields of one form: the monitor's bulk actions select up to 1000 jobs
+WEBSOCKET_MESSAGE_BYTES = 128 * 1024  # one frame to the live socket (it answers larger than 4 KB with an error)
 
 # --- Per user: what fans out ---------------------------------------------------------------
 PUSH_SUBSCRIPTIONS = 10  # every finished project posts to each one

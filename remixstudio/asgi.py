@@ -14,13 +14,23 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from queue_app.web.live.routing import websocket_urlpatterns  # noqa: E402
+from remixstudio import edge  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
+# The edge first: every request body and WebSocket message is bounded before it is read.
+application = edge.BodyLimit(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )
+
+if "daphne.server" in sys.modules:
+    # daphne is serving: its request reading keeps the same bounds, its access log no queries
+    from remixstudio import daphne_edge  # noqa: E402
+
+    daphne_edge.install()
 
 
 def serving() -> bool:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from queue_app import limits
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -223,6 +225,14 @@ AXES_RESET_ON_SUCCESS = True
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/projects/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# Request bodies (remixstudio/edge.py bounds them before Django reads them): form fields in
+# memory up to limits.FORM_BYTES, uploaded files spooled to disk past UPLOAD_MEMORY_BYTES,
+# room for the monitor's 1000 selected jobs, and a draft's reference images as files.
+DATA_UPLOAD_MAX_MEMORY_SIZE = limits.FORM_BYTES
+FILE_UPLOAD_MAX_MEMORY_SIZE = limits.UPLOAD_MEMORY_BYTES
+DATA_UPLOAD_MAX_NUMBER_FIELDS = limits.FORM_FIELDS
+DATA_UPLOAD_MAX_NUMBER_FILES = limits.REFERENCES + 1
 
 STATIC_URL = "/static/"
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", VAR_DIR / "static"))
