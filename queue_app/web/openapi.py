@@ -1,32 +1,124 @@
 """The OpenAPI 3.1 document of the JSON API, at /api/openapi.json, generated from the
-operation schemas in `queue_app.web.schemas` (the same models the views validate with), so
-the document cannot drift from the handlers. Routes other modules add are listed where
-they declare themselves; this lists the queue, draft, start, retry and provider routes."""
+operation schemas in `queue_app.web.schemas` and `manage_schemas` (the models the views and
+services take), so the document cannot drift from the handlers. Every route under /api/
+is listed here; a test fails when one is not (tests/test_schemas.py)."""
+
+from dataclasses import dataclass
 
 from django.http import JsonResponse
+from django.views.decorators.http import require_GET
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from queue_app.web import agent_schemas as A
+from queue_app.web import manage_schemas as M
 from queue_app.web import schemas as S
 
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 ANY_OBJECT = {"type": "object"}
+PATH_IDS = {
+    "project_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
+    "provider_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
+    "job_id": {"type": "string", "format": "uuid"},
+}
+REFUSALS = (
+    (400, "the request does not fit the schema"),
+    (401, "no or an invalid token"),
+    (403, "refused (CSRF, storage limit, another user's row you may only see)"),
+    (404, "not found, or not yours"),
+    (405, "method not allowed"),
+    (409, "the same Idempotency-Key is still running, or the row changed meanwhile"),
+    (413, "the body is too large"),
+    (415, "not the body type this operation takes"),
+    (422, "the Idempotency-Key was used with another request"),
+)
 
-# (path, method, operation id, summary, body model, query model, success status, result model)
+
+@dataclass(frozen=True)
+class Op:
+    path: str
+    method: str
+    id: str
+    summary: str
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    status: int = 200
+    result: type[BaseModel] | None = None
+    idempotent: bool = False
+    multipart: dict | None = None
+    public: bool = False
+
+
 OPERATIONS = [
-    ("/api/queue/status", "get", "queue_status", "Queue totals", None, S.QueueStatusQuery, 200, A.QueueStatusOut),
-    ("/api/queue/clear-failed", "post", "clear_failed", "Clear failed jobs", S.FailedScope, None, 200, S.FailedResult),
-    ("/api/queue/retry-failed", "post", "retry_failed", "Retry failed jobs", S.FailedScope, None, 200, S.FailedResult),
-    ("/api/projects", "get", "list_projects", "The projects", None, S.ProjectsQuery, 200, A.ProjectList),
-    ("/api/projects/{project_id}", "get", "get_project", "A project", None, None, 200, A.ProjectView),
-    ("/api/projects/{project_id}/drafts", "post", "create_drafts", "Create drafts", S.CreateDrafts, None, 201, S.DraftsCreated),
-    ("/api/projects/{project_id}/start", "post", "start_jobs", "Start jobs", S.StartJobs, None, 200, S.JobsStarted),
-    ("/api/projects/{project_id}/jobs", "get", "project_jobs", "A page of a project's jobs", None, S.ProjectJobsQuery, 200, None),
-    ("/api/jobs/retry", "post", "retry_jobs", "Retry chosen failed jobs", S.RetryJobs, None, 200, S.JobsRetried),
-    ("/api/providers/{provider_id}", "post", "update_provider", "Update a provider", S.ProviderUpdate, None, 200, S.ProviderRow),
+    Op("/api/queue/status", "get", "queue_status", "Queue totals", query=S.QueueStatusQuery, result=A.QueueStatusOut),
+    Op("/api/queue/clear-failed", "post", "clear_failed", "Clear failed jobs", S.FailedScope, result=S.FailedResult),
+    Op("/api/queue/retry-failed", "post", "retry_failed", "Retry failed jobs", S.FailedScope, result=S.FailedResult),
+    Op("/api/projects", "get", "list_projects", "Your projects", query=S.ProjectsQuery, result=A.ProjectList),
+    Op(
+        "/api/projects",
+        "post",
+        "create_project",
+        "Create a project",
+        M.ProjectCreate,
+        status=201,
+        result=A.ProjectOut,
+        idempotent=True,
+    ),
+    Op("/api/projects/{project_id}", "get", "get_project", "A project, its footprint and storage", result=A.ProjectView),
+    Op(
+        "/api/projects/{project_id}",
+        "patch",
+        "update_project",
+        "Change or archive a project",
+        M.ProjectPatch,
+        result=A.ProjectOut,
+    ),
+    Op("/api/projects/{project_id}", "delete", "delete_project", "Delete a project and what it holds"),
+    Op(
+        "/api/projects/{project_id}/drafts",
+        "post",
+        "create_drafts",
+        "Create drafts",
+        S.CreateDrafts,
+        status=201,
+        result=S.DraftsCreated,
+        idempotent=True,
+    ),
+    Op(
+        "/api/projects/{project_id}/start", "post", "start_jobs", "Start jobs", S.StartJobs, result=S.JobsStarted, idempotent=True
+    ),
+    Op("/api/projects/{project_id}/jobs", "get", "project_jobs", "A page of a project's jobs", query=S.ProjectJobsQuery),
+    Op("/api/drafts/{job_id}", "patch", "update_draft", "Edit a draft (only the keys sent change)", M.DraftPatch),
+    Op("/api/drafts/{job_id}", "delete", "delete_draft", "Delete a draft"),
+    Op(
+        "/api/references",
+        "post",
+        "upload_reference",
+        "Upload a reference image (multipart); its ref: id goes in a draft's references",
+        status=201,
+        result=M.ReferenceUploaded,
+        multipart=M.REFERENCE_UPLOAD,
+    ),
+    Op("/api/jobs/retry", "post", "retry_jobs", "Retry chosen failed jobs", S.RetryJobs, result=S.JobsRetried),
+    Op("/api/jobs/cancel", "post", "cancel_jobs", "Cancel jobs", S.CancelJobs, result=S.JobsCancelled, idempotent=True),
+    Op("/api/providers", "get", "list_providers", "Providers you may see"),
+    Op("/api/providers", "post", "create_provider", "Create a provider", M.ProviderCreate, status=201, idempotent=True),
+    Op("/api/providers/{provider_id}", "get", "get_provider", "A provider and the work it still has"),
+    Op(
+        "/api/providers/{provider_id}",
+        "post",
+        "update_provider",
+        "Pause, set concurrency",
+        S.ProviderUpdate,
+        result=S.ProviderRow,
+    ),
+    Op(
+        "/api/providers/{provider_id}", "patch", "change_provider", "Change a provider (new address: key again)", M.ProviderFields
+    ),
+    Op("/api/providers/{provider_id}", "delete", "delete_provider", "Delete a provider without work"),
+    Op("/api/providers/{provider_id}/test", "post", "test_provider_key", "Test the stored key at its stored address"),
+    Op("/api/openapi.json", "get", "openapi", "This document", public=True),
 ]
-IDEMPOTENT = {"create_drafts", "start_jobs"}
 
 
 def _query_parameters(model: type[BaseModel], definitions: dict) -> list[dict]:
@@ -38,58 +130,56 @@ def _query_parameters(model: type[BaseModel], definitions: dict) -> list[dict]:
     ]
 
 
+def _parameters(op: Op, components: dict) -> list[dict]:
+    parameters = [
+        {"name": name, "in": "path", "required": True, "schema": schema}
+        for name, schema in PATH_IDS.items()
+        if "{" + name + "}" in op.path
+    ]
+    if op.query is not None:
+        parameters += _query_parameters(op.query, components)
+    if op.idempotent:
+        parameters.append(
+            {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 200}}
+        )
+    return parameters
+
+
+def _operation(op: Op, refs: dict, components: dict) -> dict:
+    result = refs[(op.result, "validation")] if op.result else ANY_OBJECT
+    responses = {str(op.status): {"description": "done", "content": {"application/json": {"schema": result}}}}
+    if op.status != 200:  # the same request again answers 200 (an idempotent replay, a known image)
+        responses["200"] = responses[str(op.status)]
+    for code, text in REFUSALS:
+        responses[str(code)] = {"description": text, "content": {"application/json": {"schema": ERROR}}}
+    operation = {
+        "operationId": op.id,
+        "summary": op.summary,
+        "parameters": _parameters(op, components),
+        "security": [] if op.public else [{"token": []}],
+        "responses": responses,
+    }
+    if op.body is not None:
+        schema = refs[(op.body, "validation")]
+        operation["requestBody"] = {"required": False, "content": {"application/json": {"schema": schema}}}
+    if op.multipart is not None:
+        operation["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": op.multipart}}}
+    return operation
+
+
 def document() -> dict:
-    models = {model for op in OPERATIONS for model in (op[4], op[7]) if model is not None}
+    models = {model for op in OPERATIONS for model in (op.body, op.result) if model is not None}
     refs, top = models_json_schema(
         [(model, "validation") for model in sorted(models, key=lambda m: m.__name__)],
         ref_template="#/components/schemas/{model}",
     )
     components = dict(top.get("$defs", {}))
     paths: dict = {}
-    for path, method, op_id, summary, body, query, status, result in OPERATIONS:
-        parameters = []
-        for name in ("project_id", "provider_id"):
-            if "{" + name + "}" in path:
-                id_schema = {"type": "integer", "minimum": 1, "maximum": S.MAX_ID}
-                parameters.append({"name": name, "in": "path", "required": True, "schema": id_schema})
-        if query is not None:
-            parameters += _query_parameters(query, components)
-        if op_id in IDEMPOTENT:
-            parameters.append(
-                {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 200}}
-            )
-        operation = {
-            "operationId": op_id,
-            "summary": summary,
-            "parameters": parameters,
-            "security": [{"token": []}],
-            "responses": {
-                str(status): {
-                    "description": "done",
-                    "content": {"application/json": {"schema": refs[(result, "validation")] if result else ANY_OBJECT}},
-                },
-                **{
-                    str(code): {"description": text, "content": {"application/json": {"schema": ERROR}}}
-                    for code, text in (
-                        (400, "the request does not fit the schema"),
-                        (401, "no or an invalid token"),
-                        (403, "refused (CSRF, storage limit)"),
-                        (404, "not found, or not yours"),
-                        (405, "method not allowed"),
-                        (409, "the same Idempotency-Key is still running"),
-                        (413, "the body is too large"),
-                        (422, "the Idempotency-Key was used with another request"),
-                    )
-                },
-            },
-        }
-        if body is not None:
-            body_schema = refs[(body, "validation")]
-            operation["requestBody"] = {"required": False, "content": {"application/json": {"schema": body_schema}}}
-        paths.setdefault(path, {})[method] = operation
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, refs, components)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Remix Studio Queue API", "version": "1.1"},
+        "info": {"title": "Remix Studio Queue API", "version": "1.2"},
         "paths": paths,
         "components": {
             "schemas": components,
@@ -98,5 +188,6 @@ def document() -> dict:
     }
 
 
+@require_GET
 def openapi_view(request):
     return JsonResponse(document())
