@@ -304,7 +304,8 @@ def test_every_mcp_tool_answers_every_generated_call_without_a_server_error(live
 
 
 def fuzz_tool(tool, operation):
-    """The hypothesis test of one tool: never a 5xx; a result fits the tool's outputSchema."""
+    """The hypothesis test of one tool: never a 5xx or an internal error; a result fits the
+    tool's outputSchema."""
     import jsonschema
 
     output_schema = tool.describe()["outputSchema"]
@@ -316,6 +317,8 @@ def fuzz_tool(tool, operation):
         assert response.status_code < 500, (tool.name, case.body, response.text[:300])
         reply = response.json()
         assert reply.get("jsonrpc") == "2.0", reply
+        # the MCP door's 500: a handler that raised answers 200 with JSON-RPC's internal error
+        assert (reply.get("error") or {}).get("code") != mcp.INTERNAL_ERROR, (tool.name, case.body, reply)
         result = reply.get("result")
         if result is not None and not result.get("isError"):
             jsonschema.validate(result["structuredContent"], output_schema)
