@@ -196,10 +196,28 @@ def test_foreign_scopes_and_providers_answer_404(client, outsider, queue):
     assert Job.objects.filter(status=Status.FAILED).count() == 1
 
 
-def test_a_redirect_never_leaves_the_site(client, owner, queue):
+@pytest.mark.parametrize(
+    "target",
+    [
+        "https://evil.example/",
+        "//evil.example/",  # scheme-relative: starts with "/", goes off-site
+        "///evil.example/",
+        "/\\evil.example/",  # browsers read a backslash as a slash
+        "\\\\evil.example/",
+        "/\t/evil.example/",
+        "http:evil.example",
+    ],
+)
+def test_a_redirect_never_leaves_the_site(client, owner, queue, target):
     client.force_login(owner)
-    response = client.post(f"/queue/providers/{queue['fast'].id}/pause", {"next": "https://evil.example/"})
+    response = client.post(f"/queue/providers/{queue['fast'].id}/pause", {"next": target})
     assert response["Location"] == "/queue/"
+
+
+def test_a_redirect_back_to_a_page_of_the_site_keeps_its_filters(client, owner, queue):
+    client.force_login(owner)
+    response = client.post(f"/queue/providers/{queue['fast'].id}/pause", {"next": "/queue/?state=failed&page=2"})
+    assert response["Location"] == "/queue/?state=failed&page=2"
 
 
 def bulk_jobs(project, n, now):

@@ -305,3 +305,30 @@ def test_a_stored_provider_key_never_follows_a_new_family_or_address(client, own
         assert response.status_code == 400 and "enter the API key again" in response.json()["error"], body
     provider.refresh_from_db()
     assert provider.family == "demo" and provider.base_url == ""
+
+
+def test_the_project_services_refuse_a_non_owner_even_when_a_door_forgets_to(world, viewer):
+    from queue_app.services.errors import ServiceError
+    from queue_app.services.projects import project_delete, project_set_archived, project_update
+
+    project = world["project"]
+    for write in (
+        lambda: project_update(user=viewer, project=project, data={"name": "mine"}),
+        lambda: project_set_archived(user=viewer, project=project, archived=True),
+        lambda: project_delete(user=viewer, project=project),
+    ):
+        with pytest.raises(ServiceError):
+            write()
+    project.refresh_from_db()
+    assert (project.name, project.archived) == ("Theirs", False)
+
+
+def test_a_token_of_a_deactivated_account_opens_nothing(world, owner):
+    raw = tokens.token_create(user=owner, name="old laptop")[1]
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert client.get("/api/projects").status_code == 200
+    owner.is_active = False
+    owner.save()
+    assert client.get("/api/projects").status_code == 401
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "list_projects", "arguments": {}}}
+    assert client.post("/mcp", data=json.dumps(message), content_type="application/json").status_code == 401
