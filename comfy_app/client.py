@@ -24,6 +24,7 @@ import requests
 
 from comfy_app import allowed_hosts
 from queue_app.providers import crypto, net
+from queue_app.providers.transport_errors import NotSent
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +164,9 @@ class ComfyClient:
             raise BadAddress(allowed_hosts.refusal(error)) from None
         except net.TooLarge as error:
             raise CheckFailed(str(error)) from None
-        except requests.ConnectTimeout:
-            raise Unreachable(f"Cannot reach ComfyUI at {self.address} (connection timed out)") from None
-        except requests.ConnectionError as error:
-            text = str(error)
-            if any(mark in text for mark in ("NewConnectionError", "NameResolution", "Failed to establish", "refused")):
-                cause = "connection refused" if "refused" in text.lower() else "no connection"
-                raise Unreachable(f"Cannot reach ComfyUI at {self.address} ({cause})") from None
+        except NotSent as error:  # nothing reached it: refused, unresolved, TLS, connect timeout
+            raise Unreachable(f"Cannot reach ComfyUI at {self.address} ({error.cause})") from None
+        except requests.ConnectionError:
             raise CheckFailed(f"ComfyUI at {self.address} dropped the connection") from None
         except requests.Timeout:
             raise CheckFailed(f"ComfyUI at {self.address} did not answer in time") from None

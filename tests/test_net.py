@@ -97,6 +97,58 @@ def test_a_redirect_to_a_public_address_is_followed_without_the_credentials():
     assert "Authorization" not in second.request.headers and "x-goog-api-key" not in second.request.headers
 
 
+# --- one redirect rule: credentials go no further than their origin ---------------------------
+
+SECRETS = {"Authorization": "Bearer sk-1", "x-goog-api-key": "k", "Cookie": "session=s"}
+
+
+def fetch_both_ways(url, tmp_path):
+    """The two ways a file is fetched — `download` and `stream_to_file` — both through the
+    one redirect loop; what each hop was sent, per way."""
+    sent = {}
+    for way in ("download", "stream"):
+        before = len(responses.calls)
+        if way == "download":
+            net.download(url, headers=dict(SECRETS))
+        else:
+            net.stream_to_file(url, tmp_path / "out.png", headers=dict(SECRETS))
+        sent[way] = [call.request.headers for call in responses.calls[before:]]
+    return sent
+
+
+def carries_secrets(headers) -> bool:
+    return any(name in headers for name in SECRETS)
+
+
+@responses.activate
+@pytest.mark.parametrize(
+    "hops",
+    [
+        ["https://api.example.com/v1/file", "http://api.example.com/v1/file"],  # same host, down to http
+        ["https://api.example.com/v1/file", "https://cdn.example.net/f.png"],  # another host
+        ["https://api.example.com/v1/file", "https://api.example.com:8443/f.png"],  # another port
+        ["https://api.example.com/v1/file", "https://cdn.example.net/f.png", "https://api.example.com/f.png"],  # and back
+    ],
+    ids=["https-to-http", "cross-host", "other-port", "away-and-back"],
+)
+def test_a_redirect_that_leaves_the_origin_drops_the_credentials_for_good(settings, tmp_path, hops):
+    settings.OUTBOUND_ALLOW_HTTP = True
+    for here, there in zip(hops, hops[1:], strict=False):
+        responses.add(responses.GET, here, status=302, headers={"Location": there})
+    responses.add(responses.GET, hops[-1], body=png(), content_type="image/png")
+    for way, sent in fetch_both_ways(hops[0], tmp_path).items():
+        assert carries_secrets(sent[0]), way
+        assert not any(carries_secrets(headers) for headers in sent[1:]), (way, [dict(h) for h in sent])
+
+
+@responses.activate
+def test_a_redirect_within_the_origin_keeps_the_credentials(tmp_path):
+    responses.add(responses.GET, "https://api.example.com/v1/file", status=302, headers={"Location": "/v1/file/content"})
+    responses.add(responses.GET, "https://api.example.com/v1/file/content", body=png(), content_type="image/png")
+    for way, sent in fetch_both_ways("https://api.example.com/v1/file", tmp_path).items():
+        assert all(carries_secrets(headers) for headers in sent), way
+
+
 @responses.activate
 def test_a_body_over_the_cap_is_cut_off(settings):
     settings.OUTBOUND_MAX_BYTES = 1000

@@ -26,6 +26,11 @@ class UnsafeURL(ValueError):
     """The URL points somewhere outbound calls may not go."""
 
 
+class Unresolved(UnsafeURL):
+    """The host's name did not resolve. A form refuses such an address like any other;
+    a call made through `net` turns it into `net.NotSent` (nothing was sent: transient)."""
+
+
 # Allowlists kept elsewhere for one purpose only (the ComfyUI app registers the private
 # hosts staff allowed for ComfyUI instances): consulted while `purpose(name)` is in effect,
 # so a host allowed for ComfyUI is still refused to provider calls, downloads and pushes.
@@ -129,9 +134,9 @@ def check_url(url: str) -> None:
     try:
         addresses = _resolve(host, port or (443 if parts.scheme == "https" else 80))
     except (socket.gaierror, UnicodeError):
-        raise UnsafeURL(f"cannot resolve {host!r}") from None
+        raise Unresolved(f"cannot resolve {host!r}") from None
     if not addresses:
-        raise UnsafeURL(f"cannot resolve {host!r}")
+        raise Unresolved(f"cannot resolve {host!r}")
     if not all(public_address(address) for address in addresses):
         raise UnsafeURL(f"address not allowed: {host!r} is not a public address")
 

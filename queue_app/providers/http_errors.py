@@ -1,9 +1,9 @@
 """What every adapter does the same way: send a request through the guarded client and
 turn what went wrong into one of the three errors.
 
-- transport: a failure before the request was sent (refused, DNS, TLS, connect timeout)
-  is transient; after it was sent (read timeout, reset) a create call is ambiguous (the
-  provider may have accepted it), a status check is transient;
+- transport: a failure before the request was sent (net's NotSent: refused, DNS, TLS,
+  connect timeout) is transient; after it was sent (read timeout, reset) a create call
+  is ambiguous (the provider may have accepted it), a status check is transient;
 - HTTP status: 401 an account problem (the key); 408/409/425/429/5xx transient (502/504
   on a create call ambiguous: a gateway may have passed it on), other 4xx permanent —
   adapters look at the body first for the cases that break this rule (OpenAI's
@@ -21,7 +21,6 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import quote, urlsplit
 
 import requests
-import urllib3
 
 from queue_app.providers import net
 from queue_app.providers.base import (
@@ -33,6 +32,7 @@ from queue_app.providers.base import (
     ResolvedJob,
     TransientError,
 )
+from queue_app.providers.transport_errors import NotSent
 
 # A create call may block while the provider generates (OpenAI images: tens of seconds).
 CREATE_TIMEOUT = (10, 300)
@@ -46,20 +46,12 @@ MAX_LAYERS = 16
 TRANSIENT_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
-def _sent_before_failure(exc: requests.RequestException) -> bool:
-    """True when the error happened while connecting, i.e. nothing reached the server."""
-    if isinstance(exc, requests.ConnectTimeout | requests.exceptions.SSLError | requests.exceptions.InvalidURL):
-        return False
-    reason = exc.args[0] if exc.args else None
-    reason = getattr(reason, "reason", reason)  # MaxRetryError wraps the cause
-    if isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError):
-        return False
-    return True
-
-
 def send(method: str, url: str, *, create: bool, label: str, timeout=None, **kwargs) -> requests.Response:
     """One request through the guarded client; transport failures become our errors.
-    `create` marks a call that starts (and may bill) work: it is never re-sent here."""
+    `create` marks a call that starts (and may bill) work: it is never re-sent here. One
+    that was never written (net's NotSent: refused, unresolved, TLS, connect timeout) is
+    transient on every call; one that failed after it was written is ambiguous on a create
+    call (the provider may have accepted it), transient on a check."""
     timeout = timeout or (CREATE_TIMEOUT if create else CHECK_TIMEOUT)
     try:
         return net.request(method, url, timeout=timeout, **kwargs)
@@ -67,10 +59,12 @@ def send(method: str, url: str, *, create: bool, label: str, timeout=None, **kwa
         raise PermanentError(f"{label}: refused to call {urlsplit(url).netloc or url[:60]!r}: {exc}") from None
     except net.TooLarge as exc:
         raise PermanentError(f"{label}: {exc}") from None
+    except NotSent as exc:
+        raise TransientError(f"{label}: could not connect ({exc.cause}); nothing was sent") from None
+    except requests.exceptions.InvalidURL as exc:
+        raise PermanentError(f"{label}: not a URL that can be called ({type(exc).__name__})") from None
     except requests.RequestException as exc:
         kind = type(exc).__name__
-        if not _sent_before_failure(exc):
-            raise TransientError(f"{label}: could not connect ({kind})") from None
         if create:
             raise AmbiguousError(f"{label}: the connection failed after the request was sent ({kind}); it may have been accepted")
         raise TransientError(f"{label}: request failed ({kind})") from None

@@ -3,10 +3,13 @@
 Every URL and every redirect hop passes `addresses.check_url` (the policy lives there), and
 the address a socket actually reached is checked again before a byte is sent (DNS
 rebinding). Every call has connect/read timeouts and a size cap on its body, never retries
-on its own (a paid POST must not be sent twice), and drops credentials on a redirect to
-another origin. `abortable` lets another thread stop a call (a worker whose lease may have
-run out); `ws_session` is the same guard for the ComfyUI runner's WebSockets. The policy's
-names (`check_url`, `UnsafeURL`, ...) are re-exported: callers import one module.
+on its own (a paid POST must not be sent twice). Redirects are followed in one loop
+(`_send`) under one rule: credentials go no further than the origin (scheme, host, port)
+that asked for them, so a hop to another host or down to http drops them for good. A
+failure before the request was written (refused, a name that does not resolve, TLS,
+connect timeout) is raised as `NotSent`, keeping its class through the message scrubbing.
+`abortable` lets another thread stop a call; `ws_session` is the same guard for the
+ComfyUI runner's WebSockets. The policy's names are re-exported: callers import one module.
 """
 
 import contextlib
@@ -22,6 +25,7 @@ from django.conf import settings
 
 from queue_app.providers import addresses
 from queue_app.providers.addresses import (  # noqa: F401  (re-exported: see the docstring)
+    Unresolved,
     UnsafeURL,
     check_url,
     purpose,
@@ -29,7 +33,7 @@ from queue_app.providers.addresses import (  # noqa: F401  (re-exported: see the
     set_purpose,
     validate_base_url,
 )
-from queue_app.providers.crypto import scrub_urls
+from queue_app.providers.transport_errors import NotSent, not_sent, scrubbed  # noqa: F401  (NotSent: callers' too)
 
 CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 120
@@ -171,40 +175,46 @@ def request(
     max_bytes: int | None = None,
     **kwargs,
 ) -> requests.Response:
-    """One HTTP request through the guard, redirects followed by hand (each hop checked),
-    body read up to `max_bytes`. The response's `.content` is already loaded."""
+    """One HTTP request through the guard (redirects: `_send`), body read up to
+    `max_bytes`. The response's `.content` is already loaded."""
     timeout = timeout or (CONNECT_TIMEOUT, READ_TIMEOUT)
     max_bytes = max_bytes or settings.OUTBOUND_MAX_BYTES
+    headers = kwargs.pop("headers", None) or {}
+    response = _send(method, url, headers=headers, timeout=timeout, **kwargs)
+    _read_capped(response, max_bytes)
+    return response
+
+
+def _send(method: str, url: str, *, headers: dict, timeout, **kwargs) -> requests.Response:
+    """The streamed response of `method url`: every hop checked, a GET or HEAD redirect
+    followed (never a POST: it must not be sent twice), credentials dropped for good once
+    a hop leaves the origin that asked for them — another host or port, or https down to
+    http on the same host."""
     for _ in range(MAX_REDIRECTS + 1):
-        check_url(url)
         try:
-            response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
+            check_url(url)
+            response = _session.request(
+                method, url, headers=headers, timeout=timeout, allow_redirects=False, stream=True, **kwargs
+            )
+        except Unresolved as error:
+            raise not_sent(NotSent, str(error), "name not resolved") from None
         except requests.RequestException as error:
-            raise _scrubbed(error)
-        if response.is_redirect and method.upper() in ("GET", "HEAD"):
-            next_url = urljoin(url, response.headers["location"])
-            response.close()
-            if _origin(next_url) != _origin(url) and "headers" in kwargs:
-                kwargs["headers"] = _without_credentials(kwargs["headers"])
-            url = next_url
-            continue
-        _read_capped(response, max_bytes)
-        return response
+            raise scrubbed(error) from None
+        if not (response.is_redirect and method.upper() in ("GET", "HEAD")):
+            return response
+        next_url = urljoin(url, response.headers["location"])
+        response.close()
+        if _origin(next_url) != _origin(url):
+            headers = _without_credentials(headers)
+        url = next_url
     raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
-
-
-def _scrubbed(error: requests.RequestException) -> requests.RequestException:
-    """The same error, its message without the URL's path and query (requests names the
-    whole URL, and a signed download URL is a credential): reasons and logs carry it."""
-    error.args = (scrub_urls(str(error)),)
-    return error
 
 
 def _raise_for_status(response: requests.Response) -> None:
     try:
         response.raise_for_status()
     except requests.HTTPError as error:
-        raise _scrubbed(error)
+        raise scrubbed(error)
 
 
 def _read_capped(response: requests.Response, max_bytes: int) -> None:
@@ -276,26 +286,11 @@ def stream_to_file(
 
 
 def _open_stream(url: str, headers: dict, idle_timeout: float) -> requests.Response:
-    """The streamed GET's response, redirects followed by hand (each hop checked, and
-    credentials dropped when a hop leaves the origin)."""
-    for _ in range(MAX_REDIRECTS + 1):
-        check_url(url)
-        try:
-            response = _session.get(
-                url, headers=headers, timeout=(CONNECT_TIMEOUT, idle_timeout), allow_redirects=False, stream=True
-            )
-        except requests.Timeout:
-            raise Stalled(f"no answer within {idle_timeout:g} s") from None
-        except requests.RequestException as error:
-            raise _scrubbed(error)
-        if not response.is_redirect:
-            return response
-        next_url = urljoin(url, response.headers["location"])
-        if urlsplit(next_url).netloc != urlsplit(url).netloc:
-            headers = {}  # credentials stay with the origin that asked for them
-        url = next_url
-        response.close()
-    raise UnsafeURL(f"more than {MAX_REDIRECTS} redirects")
+    """The streamed GET's response, through the one redirect loop (`_send`)."""
+    try:
+        return _send("GET", url, headers=headers, timeout=(CONNECT_TIMEOUT, idle_timeout))
+    except requests.Timeout:
+        raise Stalled(f"no answer within {idle_timeout:g} s") from None
 
 
 def _watchdog(response: requests.Response, expired: threading.Event) -> None:
