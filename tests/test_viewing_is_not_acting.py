@@ -64,13 +64,16 @@ def viewer(django_user_model):
 @pytest.fixture
 def world(owner, capture):
     url, _ = capture
-    provider = make_provider(owner, name="Billed", concurrency=2)
+    billed = make_provider(owner, name="Billed", concurrency=2)
+    # A key whose test would reach the capturing server: nobody but its owner may send it.
+    provider = make_provider(owner, name="Keyed", family="openai", concurrency=2)
     provider.api_key = "sk-OWNER-" + "9" * 30
+    provider.base_url = f"{url}/v1"
     provider.save()
     paused = make_provider(owner, name="Paused", concurrency=1)
     paused.paused = True
     paused.save()
-    project = make_project(owner, provider, name="Theirs")
+    project = make_project(owner, billed, name="Theirs")
     draft, other = make_drafts(project, 2)
     failed = make_job(project, Status.FAILED, error="down", error_class="transient")
     held = make_job(project, Status.FAILED, error="maybe accepted", error_class=ErrorClass.ATTENTION)
@@ -161,7 +164,7 @@ def test_a_staff_account_without_permissions_changes_nothing_through_any_page(wo
             assert response.status_code < 500, (url, op, response.status_code)
             client.post(url, data=json.dumps({"all_drafts": True, "prompt": "x"}), content_type="application/json")
     assert state() == before
-    assert seen == [], "a test connection was sent with the owner's stored password"
+    assert seen == [], "a key or password test was sent with the owner's stored secret"
 
 
 def test_the_pages_say_403_to_the_viewer_and_show_their_rows(client, world, viewer):
@@ -294,17 +297,38 @@ class Capture2:
         self.server.server_close()
 
 
-def test_a_stored_provider_key_never_follows_a_new_family_or_address(client, owner, world, monkeypatch):
+def test_a_stored_provider_key_never_follows_a_new_family_or_address(client, owner, world, staff, monkeypatch):
     from tests.fakes.dns import use_fake_dns
 
     use_fake_dns(monkeypatch)
     client.force_login(owner)
-    provider = world["provider"]
-    for body in ({"family": "openai"}, {"base_url": "https://proxy.example.com/v1"}):
+    provider = make_provider(owner, name="Default address", family="openai")  # its key goes to api.openai.com
+    provider.api_key = "sk-OWNER-" + "8" * 30
+    provider.save()
+    before = (provider.family, provider.base_url)
+    for body in ({"family": "replicate"}, {"base_url": "https://proxy.example.com/v1"}):
         response = client.patch(f"/api/providers/{provider.id}", data=json.dumps(body), content_type="application/json")
         assert response.status_code == 400 and "enter the API key again" in response.json()["error"], body
+    client.force_login(staff)  # the admin too, for whoever may change it there
+    fields = {"owner": owner.id, "name": provider.name, "family": "replicate", "base_url": ""}
+    fields.update(options="{}", model_aliases="{}", concurrency=2, max_attempts=2)
+    response = client.post(f"/admin/queue_app/provider/{provider.id}/change/", fields)
+    assert response.status_code == 200 and b"enter the API key again" in response.content
     provider.refresh_from_db()
-    assert provider.family == "demo" and provider.base_url == ""
+    assert (provider.family, provider.base_url) == before
+
+
+def test_a_stored_comfyui_password_never_follows_a_new_address_in_the_admin(client, world, staff, monkeypatch):
+    from tests.fakes.dns import use_fake_dns
+
+    use_fake_dns(monkeypatch)
+    instance = ComfyInstance.objects.get(project=world["comfy"])
+    client.force_login(staff)
+    fields = {"project": world["comfy"].id, "base_url": "https://comfy.example.com", "workflow": "{}", "bindings": "[]"}
+    response = client.post(f"/admin/comfy_app/comfyinstance/{instance.id}/change/", fields)
+    assert response.status_code == 200 and b"enter the password again" in response.content
+    instance.refresh_from_db()
+    assert instance.base_url != "https://comfy.example.com" and instance.password == BCRYPT
 
 
 def test_the_project_services_refuse_a_non_owner_even_when_a_door_forgets_to(world, viewer):
