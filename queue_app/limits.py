@@ -78,7 +78,7 @@ PARAMS_BYTES = 16 * 1024
 PARAMS_DEPTH = 8
 REFERENCES = 16  # references per draft
 REFERENCE_CHARS = 2048  # one reference given as a URL
-REFERENCE_BYTES = 20 * 1024 * 1024  # one reference image (an upload, or a data: URI the API stores)
+REFERENCE_BYTES = 20 * 1024 * 1024  # one reference image (an upload, a data: URI the API stores, a URL fetched)
 # New reference files one draft form or upload request carries in all (more: over several
 # requests, or one at a time through POST /api/references). The edge (remixstudio/edge.py)
 # refuses a larger upload body before reading it.
@@ -112,7 +112,8 @@ FORM_BYTES = 5 * 1024 * 1024
 BODY_BYTES = FORM_BYTES + WORKFLOW_FILE_BYTES
 # An upload in memory before Django spools it to a temporary file (FILE_UPLOAD_MAX_MEMORY_SIZE).
 UPLOAD_MEMORY_BYTES = 1024 * 1024
-FORM_FIELDS = 2000  # fields of one form: the monitor's bulk actions select up to 1000 jobs
+BULK_SELECTED = 1000  # jobs ticked for one of the monitor's bulk actions
+FORM_FIELDS = 2 * BULK_SELECTED  # fields of one form (Django's DATA_UPLOAD_MAX_NUMBER_FIELDS): room for them
 WEBSOCKET_MESSAGE_BYTES = 128 * 1024  # one frame to the live socket (it answers larger than 4 KB with an error)
 
 # --- Per user: what fans out ---------------------------------------------------------------

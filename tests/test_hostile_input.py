@@ -212,3 +212,18 @@ def test_a_comfyui_address_with_a_query_fragment_or_userinfo_is_refused(client, 
     assert not ComfyInstance.objects.filter(project=project).exclude(base_url="").exists()
     tested = client.post(f"/projects/{project.id}/comfyui/test", {"base_url": url}, HTTP_ACCEPT="application/json")
     assert tested.json()["ok"] is False and said in tested.json()["error"]
+
+
+# --- one set of limits: each reachable through the door that claims it ----------------------
+
+
+def test_the_monitor_takes_as_many_selected_jobs_as_its_bulk_limit(client, owner):
+    import uuid
+
+    from queue_app import limits
+
+    client.force_login(owner)
+    ids = [str(uuid.uuid4()) for _ in range(limits.BULK_SELECTED)]
+    form = {"op": "cancel:selected", "job_ids": ids, "state": "all", "next": "/queue/"}
+    response = client.post("/queue/jobs/bulk", form)
+    assert response.status_code == 200 and b"confirm" in response.content.lower()

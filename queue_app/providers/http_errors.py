@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
+from queue_app import limits
 from queue_app.providers import net
 from queue_app.providers.base import (
     AccountError,
@@ -38,8 +39,8 @@ from queue_app.providers.transport_errors import NotSent
 CREATE_TIMEOUT = (10, 300)
 # A status check is small and must finish well inside the poller's claim (120 s).
 CHECK_TIMEOUT = (10, 30)
-# A reference image fetched to send inline.
-MAX_REFERENCE_BYTES = 50 * 1024 * 1024
+# A reference image fetched to send inline: the bound of an uploaded one.
+MAX_REFERENCE_BYTES = limits.REFERENCE_BYTES
 # A layer-decomposition result: one composite and at most this many layers.
 MAX_LAYERS = 16
 

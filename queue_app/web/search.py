@@ -18,6 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
+from queue_app import limits
 from queue_app.models import Job, Status
 from queue_app.selectors import job_list
 from queue_app.selectors.visibility import actable_to
@@ -33,7 +34,7 @@ ACTIONS = {
     "clear": ((Status.FAILED,), "clear"),
     "cancel": ((Status.PENDING, Status.PROCESSING), "cancel"),
 }
-MAX_SELECTED = 1000
+MAX_SELECTED = limits.BULK_SELECTED
 
 
 def cancel_jobs(*, user, job_ids) -> dict:
