@@ -147,10 +147,8 @@ class ComfyClient:
         if response.status_code >= 400 or not response.cookies:
             raise AuthFailed(f"ComfyUI refused the login at {self.address}/login (HTTP {response.status_code})")
         cookie = "; ".join(f"{name}={value}" for name, value in response.cookies.items())
-        # The shared outbound session would replay this cookie to anyone at that address:
-        # the session lives here, keyed by (address, password), and is sent explicitly.
-        for item in list(response.cookies):
-            net._session.cookies.clear(item.domain, item.path, item.name)
+        # The shared outbound session keeps no cookie (net.py): the login's lives here,
+        # keyed by (address, password), and is sent explicitly.
         with _cookies_lock:
             _cookies[self._cookie_key()] = cookie
         return cookie

@@ -142,6 +142,16 @@ def test_a_redirect_that_leaves_the_origin_drops_the_credentials_for_good(settin
 
 
 @responses.activate
+def test_a_cookie_one_answer_sets_rides_on_no_later_request(tmp_path):
+    # the session serves every user's calls: user A's cookie must not reach a host with B's
+    responses.add(responses.GET, "https://api.example.com/a", body="ok", headers={"Set-Cookie": "session=user-a; Path=/"})
+    responses.add(responses.GET, "https://api.example.com/b", body="ok")
+    net.request("GET", "https://api.example.com/a")
+    net.request("GET", "https://api.example.com/b")
+    assert "Cookie" not in responses.calls[1].request.headers
+
+
+@responses.activate
 def test_a_redirect_within_the_origin_keeps_the_credentials(tmp_path):
     responses.add(responses.GET, "https://api.example.com/v1/file", status=302, headers={"Location": "/v1/file/content"})
     responses.add(responses.GET, "https://api.example.com/v1/file/content", body=png(), content_type="image/png")

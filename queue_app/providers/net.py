@@ -14,6 +14,7 @@ ComfyUI runner's WebSockets. The policy's names are re-exported: callers import 
 
 import contextlib
 import contextvars
+import http.cookiejar
 import socket
 import threading
 import time
@@ -148,6 +149,10 @@ class _GuardedAdapter(requests.adapters.HTTPAdapter):
 
 _session = requests.Session()
 _session.trust_env = False
+# The session serves every user's calls: a cookie one answer sets must not ride along on the
+# next user's request to that host (or on a redirect hop). Callers that need a cookie send
+# it themselves (the ComfyUI client's login), so the shared jar keeps none.
+_session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 # The poller checks many tasks of one provider at once from its thread pool: keep enough
 # pooled connections per host that they are reused, not discarded. No automatic retries.
 _session.mount("https://", _GuardedAdapter(pool_maxsize=64, max_retries=0))
