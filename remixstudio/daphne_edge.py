@@ -1,22 +1,17 @@
 """The edge's bounds where daphne reads a request, and its access log without query strings.
 
-Daphne (Twisted) reads a whole request body before the application runs, and then:
-Twisted parses a multipart or urlencoded POST in memory (for `request.args`, which daphne
-never uses), and daphne puts every 8 KB of the body on the application's queue at once.
-So a 200 MB POST to any page cost the web process hundreds of MB, whatever the
+Daphne (Twisted) reads a whole body before the application runs, parses a form POST in
+memory and queues all of it at once: a 200 MB POST cost hundreds of MB, whatever the
 application answered. `GuardedRequest` changes three things:
 
 - a Content-Length over the route's bound (edge.limit_for) is answered 413 at once and
   nothing of the body is kept; a body that streams past it is cut off the same way;
 - Twisted's in-memory form parsing is off;
-- the body stays in Twisted's file (on disk past 100 KB) and is handed to the ASGI edge
-  (edge.BodyLimit) as one message naming the file, which it reads in 64 KB pieces as the
-  application asks.
+- the body stays in Twisted's file (on disk past 100 KB), handed to the ASGI edge
+  (edge.BodyLimit), which reads it in 64 KB pieces.
 
 The access log daphne writes names each request's path without its query: search words
 are prompts (the monitor's and album's `q=`), and logs carry no prompts.
-
-`install()` is called from remixstudio/asgi.py when daphne is the server.
 """
 
 import io

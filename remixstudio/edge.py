@@ -11,8 +11,7 @@
   (Twisted) would otherwise take the whole body, parse a multipart one in memory and queue
   all of it for the application at once, before any middleware runs.
 
-Django's own bounds then apply inside: form fields (DATA_UPLOAD_MAX_MEMORY_SIZE) and
-files spooled to disk past FILE_UPLOAD_MAX_MEMORY_SIZE (settings.py, from limits.py).
+Django's own bounds (settings.py, from limits.py) then apply inside.
 """
 
 import json

@@ -8,8 +8,7 @@ on its own (a paid POST must not be sent twice). Redirects are followed in one l
 that asked for them, so a hop to another host or down to http drops them for good. A
 failure before the request was written (refused, a name that does not resolve, TLS,
 connect timeout) is raised as `NotSent`, keeping its class through the message scrubbing.
-`abortable` lets another thread stop a call; `ws_session` is the same guard for the
-ComfyUI runner's WebSockets. The policy's names are re-exported: callers import one module.
+`abortable` lets another thread stop a call; `ws_session` guards the runner's WebSockets.
 """
 
 import contextlib

@@ -11,9 +11,8 @@ Validation comes first, storing after: `normalize` checks every entry and return
 store those (`storage.references_store_new`) only once the whole draft is valid, so a
 refused draft leaves no file behind.
 
-The type of an uploaded image is read from its bytes (Pillow, as album files are), never
-from the file name or the browser's claim; only PNG, JPEG, WebP and GIF are kept, and
-none with more pixels than limits.IMAGE_PIXELS.
+An image's type is read from its bytes (Pillow), never from its name: PNG, JPEG, WebP and
+GIF only, none over limits.IMAGE_PIXELS.
 """
 
 import base64
