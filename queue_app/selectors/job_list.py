@@ -160,6 +160,25 @@ def jobs_page(
     }
 
 
+def jobs_after(*, user, state: str = "active", project_id=None, provider_id=None, after=None, limit: int = 50) -> dict:
+    """One page of jobs newest first by key: `after` is the (created_at, id) of the last
+    row of the previous page, so jobs created or deleted meanwhile never shift the page
+    (no repeats, no skips). Its `next_after` is None on the last page."""
+    now = timezone.now()
+    providers, live = visible_providers(user), heartbeats.liveness(now=now)
+    state = state if state in JOB_FILTER_STATES else "active"
+    filters = {"project_id": project_id, "provider_id": provider_id, "model": "", "error": "", "search": ""}
+    jobs = _filtered_jobs(user, state=state, **filters, providers=providers, live=live, now=now)
+    total = jobs.count()
+    if after is not None:
+        moment, last_id = after
+        jobs = jobs.filter(Q(created_at__lt=moment) | Q(created_at=moment, id__lt=last_id))
+    chunk = list(jobs.select_related("project").order_by("-created_at", "-id")[: limit + 1])
+    more, chunk = len(chunk) > limit, chunk[:limit]
+    rows = _page_rows(chunk, providers=providers, live=live, now=now, with_attempts=False)
+    return {"jobs": rows, "total": total, "next_after": (chunk[-1].created_at, chunk[-1].id) if more else None}
+
+
 def _filtered_jobs(user, *, state, provider_id, project_id, model, error, search, providers, live, now):
     """The visible jobs in `state` that match every filter given (unordered)."""
     jobs = visible_jobs(user).annotate(eff_provider=states.effective_provider_sql())

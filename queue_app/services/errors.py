@@ -5,12 +5,14 @@ from django.core.exceptions import ValidationError
 
 
 class ServiceError(Exception):
-    """A refusal with a message meant for the user; `code` maps to an HTTP status."""
+    """A refusal with a message meant for the user; `code` maps to an HTTP status, and
+    `field` names the argument it is about, when one is."""
 
-    def __init__(self, message: str, code: int = 400):
+    def __init__(self, message: str, code: int = 400, *, field: str | None = None):
         super().__init__(message)
         self.message = message
         self.code = code
+        self.field = field
 
 
 def within_limits(check, value) -> None:

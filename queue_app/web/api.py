@@ -128,10 +128,10 @@ MAX_ID = 2**63 - 1
 
 def visible_project(user, project_id) -> Project:
     if isinstance(project_id, bool) or not isinstance(project_id, int) or not 1 <= project_id <= MAX_ID:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     project = visible_to(user, Project).filter(id=project_id).first()
     if project is None:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     return project
 
 
@@ -295,6 +295,14 @@ def jobs_cancel_view(request, body):
 def project_jobs_view(request, body, project_id):
     project = visible_project(request.user, project_id)
     query = schemas.validate_query(schemas.ProjectJobsQuery, request.GET)
+    if "cursor" in request.GET:  # by key (`cursor=` for the first page): no repeats, no skips
+        from queue_app.selectors.job_list import jobs_after
+        from queue_app.web import cursors
+
+        after = cursors.after_time(query.cursor)
+        result = jobs_after(user=request.user, project_id=project.id, state=query.status, after=after, limit=query.per_page)
+        last = result.pop("next_after")
+        return answer({"project_id": project.id, **result, "next_cursor": cursors.time_cursor(*last) if last else None})
     result = jobs_page(
         user=request.user,
         project_id=project.id,

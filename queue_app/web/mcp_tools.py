@@ -6,8 +6,8 @@ Each tool is one row of TOOLS: its arguments and its result are pydantic models 
 generated, never written by hand. A handler gets the validated arguments and calls one
 selector or service, like an API view.
 
-Lists page with an opaque cursor (`nextCursor` → `cursor`): projects and providers by id
-(keyset), jobs by page of the same selector the monitor reads.
+Lists page with an opaque cursor (`nextCursor` → `cursor`), always by key (web/cursors.py):
+projects and providers by id, jobs by (created_at, id) newest first.
 """
 
 import base64
@@ -19,11 +19,12 @@ from pydantic import BaseModel
 
 from queue_app.selectors import queue as queue_reads
 from queue_app.selectors.agents import job_summary, project_detail, projects_after, providers_after
-from queue_app.selectors.job_list import jobs_page
+from queue_app.selectors.job_list import jobs_after
+from queue_app.selectors.visibility import provider_visible
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.jobs import jobs_start
-from queue_app.web import agent_schemas, api, schemas
+from queue_app.web import agent_schemas, api, cursors, schemas
 
 READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 # Starting work calls provider APIs (the open world) and may spend money.
@@ -66,28 +67,12 @@ def json_schema(model: type[BaseModel]) -> dict:
     return schema
 
 
-# --- cursors ----------------------------------------------------------------------------
-
-
-def cursor_for(value: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"after": value}).encode()).decode()
-
-
-def cursor_value(cursor: str | None) -> int:
-    if not cursor:
-        return 0
-    try:
-        value = json.loads(base64.urlsafe_b64decode(cursor.encode()))["after"]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        raise ServiceError("cursor: not a cursor this server gave") from None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= schemas.MAX_ID:
-        raise ServiceError("cursor: not a cursor this server gave")
-    return value
+# --- pages -----------------------------------------------------------------------------
 
 
 def page(rows_key: str, result: dict) -> dict:
     after = result.pop("next_after")
-    return {rows_key: result[rows_key], **({"nextCursor": cursor_for(after)} if after is not None else {})}
+    return {rows_key: result[rows_key], **({"nextCursor": cursors.id_cursor(after)} if after is not None else {})}
 
 
 # --- handlers ---------------------------------------------------------------------------
@@ -98,7 +83,7 @@ def queue_status(ctx: Context, args) -> dict:
 
 
 def list_projects(ctx: Context, args) -> dict:
-    return page("projects", projects_after(user=ctx.user, after_id=cursor_value(args.cursor), limit=args.limit))
+    return page("projects", projects_after(user=ctx.user, after_id=cursors.after_id(args.cursor), limit=args.limit))
 
 
 def get_project(ctx: Context, args) -> dict:
@@ -109,7 +94,7 @@ def get_project(ctx: Context, args) -> dict:
 
 
 def list_providers(ctx: Context, args) -> dict:
-    return page("providers", providers_after(user=ctx.user, after_id=cursor_value(args.cursor), limit=args.limit))
+    return page("providers", providers_after(user=ctx.user, after_id=cursors.after_id(args.cursor), limit=args.limit))
 
 
 def get_provider(ctx: Context, args) -> dict:
@@ -122,18 +107,18 @@ def get_provider(ctx: Context, args) -> dict:
 def list_jobs(ctx: Context, args) -> dict:
     if args.project_id is not None:
         api.visible_project(ctx.user, args.project_id)
-    number = cursor_value(args.cursor) or 1
-    result = jobs_page(
+    if args.provider_id is not None and provider_visible(ctx.user, args.provider_id) is None:
+        raise ServiceError("provider not found", 404, field="provider_id")
+    result = jobs_after(
         user=ctx.user,
         state=args.status,
         project_id=args.project_id,
         provider_id=args.provider_id,
-        page=number,
-        per_page=args.limit,
-        with_attempts=False,
+        after=cursors.after_time(args.cursor),
+        limit=args.limit,
     )
-    more = result["has_next"] and result["page"] == number
-    return {"jobs": result["jobs"], "total": result["total"], **({"nextCursor": cursor_for(number + 1)} if more else {})}
+    after = result.pop("next_after")
+    return {**result, **({"nextCursor": cursors.time_cursor(*after)} if after else {})}
 
 
 def get_job(ctx: Context, args) -> dict:

@@ -315,6 +315,9 @@ class ProjectsQuery(Query):
 class ProjectJobsQuery(Query):
     status: Literal[JOB_FILTER_STATES] = Field("all", description="which jobs")  # type: ignore[valid-type]
     page: int = Field(1, ge=1, le=10**9)
+    cursor: str | None = Field(
+        None, max_length=200, description="page by key instead: next_cursor of the last page (empty: the first)"
+    )
     per_page: int = Field(50, ge=1, le=MAX_PER_PAGE)
     attempts: bool = Field(False, description="include each job's attempt log")
 
