@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from queue_app.models import AlbumItem, Job, Provider, Status
-from queue_app.web import mcp, tokens
+from queue_app.web import mcp, refusals, tokens
 from tests.conftest import make_drafts, make_project, make_provider, make_user
 
 
@@ -215,6 +215,10 @@ def test_fuzzed_tool_calls_never_answer_a_json_rpc_internal_error(data, fuzz_cli
     result = reply["result"]
     if not result["isError"]:
         Draft202012Validator(tool["outputSchema"]).validate(result["structuredContent"])
+    else:  # every refusal is one a program can branch on
+        refused = result["structuredContent"]
+        assert refused["code"] in refusals.CODES and isinstance(refused["retriable"], bool), refused
+        assert refused["message"] in result["content"][0]["text"]
 
 
 # --- start_jobs with wait: hear the batch finish ------------------------------------------

@@ -28,7 +28,7 @@ def acting_on_jobs(user, job_ids) -> list[str]:
     wanted = {str(job_id) for job_id in job_ids}
     visible = {str(job_id) for job_id in visible_to(user, Job).filter(id__in=wanted).values_list("id", flat=True)}
     if visible != wanted:
-        raise ServiceError("job not found", 404)
+        raise ServiceError("job not found", 404, field="job_ids")
     actable = actable_to(user, Job).filter(id__in=wanted).count()
     if actable != len(wanted):
         raise ServiceError("you may see these jobs but not act on all of them: some belong to another user", 403)

@@ -48,7 +48,7 @@ def jobs_create_drafts(
     everything first: a bad value is a ServiceError with a readable message, and nothing
     is created or stored."""
     if project.owner_id != user.id:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     prompt = prompt_checked(prompt)
     if not isinstance(quantity, int) or isinstance(quantity, bool) or not 1 <= quantity <= MAX_DRAFTS_PER_REQUEST:
         raise ServiceError(f"quantity must be a whole number from 1 to {MAX_DRAFTS_PER_REQUEST}")
@@ -78,7 +78,7 @@ def draft_provider_check(*, user, project: Project, provider: Provider | None) -
     if provider is None:
         return
     if provider.owner_id != user.id:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     if project.kind == Kind.COMFYUI:
         raise ServiceError("a ComfyUI project runs on its own instance; its drafts take no provider")
     if not any(spec.kind == project.kind for spec in CATALOGUE.get(provider.family, {}).values()):
@@ -144,7 +144,7 @@ def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settin
     started meanwhile answers "no longer a draft"; a refusal stores nothing."""
     job = Job.objects.filter(id=job_id, owner=user).select_related("project").first()
     if job is None:
-        raise ServiceError("draft not found", 404)
+        raise ServiceError("draft not found", 404, field="job_id")
     prompt = prompt_checked(prompt)
     draft_provider_check(user=user, project=job.project, provider=provider)
     values = draft_values(user=user, settings_=settings_, uploads=uploads)
@@ -161,7 +161,7 @@ def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settin
             prompt=prompt, provider=provider, updated_at=timezone.now(), **fields
         )
         if not changed:
-            raise ServiceError("this job is no longer a draft (it was started or deleted)", 409)
+            raise ServiceError("this job is no longer a draft (it was started or deleted)", 409, reason="not_a_draft")
         events.emit_many(job.project_id, [("job.edited", job.id, Status.DRAFT, {})])
     job.refresh_from_db()
     return job
@@ -170,7 +170,7 @@ def draft_update(*, user, job_id, prompt: str, provider: Provider | None, settin
 def drafts_duplicate(*, user, project: Project, job_ids) -> list[Job]:
     """A new draft for each given draft, with the same prompt, provider and settings."""
     if project.owner_id != user.id:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     originals = list(Job.objects.filter(project=project, id__in=list(job_ids), status=Status.DRAFT).order_by("created_at", "id"))
     if len(originals) > MAX_DRAFTS_PER_REQUEST:
         raise ServiceError(f"{len(originals)} drafts; one request duplicates at most {MAX_DRAFTS_PER_REQUEST}")

@@ -5,14 +5,20 @@ from django.core.exceptions import ValidationError
 
 
 class ServiceError(Exception):
-    """A refusal with a message meant for the user; `code` maps to an HTTP status, and
-    `field` names the argument it is about, when one is."""
+    """A refusal with a message meant for the user; `code` maps to an HTTP status. For
+    programs (web/refusals.py): `field` names the argument it is about, `reason` is a
+    stable word more precise than the status, `retriable` whether the same call may
+    succeed later unchanged (None: what the status says)."""
 
-    def __init__(self, message: str, code: int = 400, *, field: str | None = None):
+    def __init__(
+        self, message: str, code: int = 400, *, field: str | None = None, reason: str = "", retriable: bool | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.code = code
         self.field = field
+        self.reason = reason
+        self.retriable = retriable
 
 
 def within_limits(check, value) -> None:

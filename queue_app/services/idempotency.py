@@ -39,9 +39,13 @@ def idempotent(*, user, key: str | None, scope: str, body, run):
     except IntegrityError:
         existing = IdempotencyKey.objects.get(owner=user, key=key)
         if existing.request_hash != fingerprint:
-            raise IdempotencyConflict("this Idempotency-Key was used with a different request", 422) from None
+            raise IdempotencyConflict(
+                "this Idempotency-Key was used with a different request", 422, field="idempotency_key", reason="key_reused"
+            ) from None
         if existing.status_code is None:
-            raise IdempotencyConflict("a request with this Idempotency-Key is still in progress", 409) from None
+            raise IdempotencyConflict(
+                "a request with this Idempotency-Key is still in progress", 409, reason="in_progress", retriable=True
+            ) from None
         return existing.response, existing.status_code
     try:
         payload, status = run()

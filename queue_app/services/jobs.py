@@ -22,7 +22,7 @@ def jobs_start(*, user, project: Project, job_ids=None, all_drafts: bool = False
     duplicated; starting the same jobs twice is harmless.
     """
     if project.owner_id != user.id:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     if all_drafts:
         if job_ids:
             raise ServiceError("give job ids or all_drafts, not both")
@@ -81,13 +81,13 @@ def failed_scope(*, user, project_id=None, provider_id=None):
     if project_id is not None:
         project = visible_to(user, Project).filter(id=project_id).first()
         if project is None:
-            raise ServiceError("project not found", 404)
+            raise ServiceError("project not found", 404, field="project_id")
         acting_on(user, project, noun="project", permission=JOBS)
         jobs = jobs.filter(project_id=project_id)
     if provider_id is not None:
         provider = visible_to(user, Provider).filter(id=provider_id).first()
         if provider is None:
-            raise ServiceError("provider not found", 404)
+            raise ServiceError("provider not found", 404, field="provider_id")
         acting_on(user, provider, noun="provider", permission=JOBS)
         jobs = jobs.filter(Q(provider_id=provider_id) | Q(provider__isnull=True, project__provider_id=provider_id))
     return jobs

@@ -64,7 +64,7 @@ def project_values(*, user, data: dict, project: Project | None = None) -> dict:
                 raise ServiceError("provider_id must be a provider's id")
             values["provider"] = Provider.objects.filter(id=provider_id, owner=user).first()
             if values["provider"] is None:
-                raise ServiceError("provider not found", 404)
+                raise ServiceError("provider not found", 404, field="provider_id")
     for name, length in PROJECT_TEXT_FIELDS.items():
         if name in data:
             value = "" if data[name] is None else data[name]
@@ -109,7 +109,7 @@ def project_update(*, user, project: Project, data: dict) -> Project:
     """Rename, change kind, provider, model or defaults. Jobs already started keep the
     snapshot they were claimed with; drafts and pending jobs resolve against the new values."""
     if project.owner_id != user.id:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     values = project_values(user=user, data=data, project=project)
     for name, value in values.items():
         setattr(project, name, value)
@@ -119,7 +119,7 @@ def project_update(*, user, project: Project, data: dict) -> Project:
 
 def project_set_archived(*, user, project: Project, archived: bool) -> Project:
     if project.owner_id != user.id:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     if not isinstance(archived, bool):
         raise ServiceError("archived must be true or false")
     Project.objects.filter(id=project.id).update(archived=archived)
@@ -135,7 +135,7 @@ def project_delete(*, user, project: Project) -> dict:
     from queue_app.models import AlbumItem
 
     if project.owner_id != user.id:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     with transaction.atomic():
         # Lock the project's job rows, then check: a dispatch claiming one of them now waits
         # for this transaction and then finds it gone (PostgreSQL; SQLite writes one at a time).

@@ -25,7 +25,7 @@ def provider_may_change(user, provider: Provider) -> bool:
 def _own_provider(user, provider_id) -> Provider:
     provider = visible_to(user, Provider).filter(id=provider_id).first()
     if provider is None:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     return acting_on(user, provider, noun="provider")
 
 
@@ -242,11 +242,15 @@ def provider_delete(*, user, provider_id) -> dict:
                 f"{provider.name} still has {work['pending']} pending and {work['processing']} processing job(s): "
                 "pause it and let them finish, or cancel them, then delete it",
                 409,
+                reason="busy",
+                retriable=True,
             )
         projects = Project.objects.filter(provider=provider).count()
         try:
             provider.delete()
         except ProtectedError:
-            raise ServiceError(f"{provider.name} is running a job; try again when it finishes", 409) from None
+            raise ServiceError(
+                f"{provider.name} is running a job; try again when it finishes", 409, reason="busy", retriable=True
+            ) from None
     log.info("provider %s deleted by user %s", provider_id, user.pk)
     return {"deleted": True, "projects_without_provider": projects}

@@ -106,6 +106,7 @@ def quota_check(*, user, adding: int) -> None:
             f"{max(0, limit - used) / MIB:.1f} MB of {limit / MIB:.0f} MB is left. Free space by deleting album "
             "items or projects, or ask an administrator to raise your limit.",
             403,
+            reason="storage_full",
         )
 
 
@@ -163,6 +164,7 @@ def storage_check(*, user, starting: int) -> None:
             "Free space by deleting album items or projects, or ask an administrator to raise your limit "
             "(Admin → Account settings, per user).",
             403,
+            reason="storage_full",
         )
 
 
@@ -194,7 +196,7 @@ def album_item_delete(*, user, item_id) -> int:
     with transaction.atomic():
         item = AlbumItem.objects.select_for_update().filter(id=item_id, owner=user).first()
         if item is None:
-            raise ServiceError("album item not found", 404)
+            raise ServiceError("album item not found", 404, field="item_id")
         names = [name for name in (item.file.name, item.poster.name) if name]
         item.delete()
         events.emit(item.project_id, "album.deleted", item.job_id, "", {"item": item_id, "freed": item.size})

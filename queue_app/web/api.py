@@ -32,7 +32,7 @@ from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.jobs import failed_jobs_clear, failed_jobs_retry, failed_scope, jobs_start
 from queue_app.services.providers import _own_provider, provider_set_concurrency, provider_set_paused
-from queue_app.web import schemas, tokens
+from queue_app.web import refusals, schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ def endpoint(*methods, json_body: bool = True):
                     body = read_body(request)
                 return view(request, body, *args, **kwargs)
             except ServiceError as refusal:
-                return error(refusal.message, refusal.code)
+                described = refusals.describe(refusal)
+                return answer({"error": refusal.message, **{k: v for k, v in described.items() if k != "message"}}, refusal.code)
             except Http404:
                 return error("not found", 404)
 
@@ -188,7 +189,7 @@ def drafts_create(user, project: Project, body) -> tuple[dict, int]:
     if args.provider_id is not None:
         provider = Provider.objects.filter(id=args.provider_id, owner=project.owner).first()
         if provider is None:
-            raise ServiceError("provider not found", 404)
+            raise ServiceError("provider not found", 404, field="provider_id")
     jobs = jobs_create_drafts(
         user=project.owner,
         project=project,
@@ -317,7 +318,7 @@ def project_jobs_view(request, body, project_id):
 @endpoint("POST")
 def provider_view(request, body, provider_id):
     if not 1 <= provider_id <= MAX_ID:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     _own_provider(request.user, provider_id)  # another user's provider is 404 whatever the body says
     return answer(provider_update(request.user, provider_id, schemas.validate(schemas.ProviderUpdate, body)))
 

@@ -57,9 +57,9 @@ def patch_body(body: dict) -> dict:
 def draft_view(request, body, job_id):
     job = Job.objects.filter(id=job_id, owner=request.user).select_related("project", "provider").first()
     if job is None:
-        raise ServiceError("draft not found", 404)
+        raise ServiceError("draft not found", 404, field="job_id")
     if job.status != Status.DRAFT:
-        raise ServiceError("this job is no longer a draft (it was started)", 409)
+        raise ServiceError("this job is no longer a draft (it was started)", 409, reason="not_a_draft")
     if request.method == "DELETE":
         drafts_delete(user=request.user, project=job.project, job_ids=[job.id])
         return answer({"deleted": 1})
@@ -76,7 +76,7 @@ def draft_view(request, body, job_id):
             provider_id = whole_number(body["provider_id"], "provider_id", low=1, high=2**62)
             provider = Provider.objects.filter(id=provider_id, owner=request.user).first()
             if provider is None:
-                raise ServiceError("provider not found", 404)
+                raise ServiceError("provider not found", 404, field="provider_id")
     prompt = body["prompt"] if "prompt" in body else job.prompt
     if not isinstance(prompt, str):
         raise ServiceError("prompt must be text")

@@ -77,7 +77,7 @@ def project_view(request, body, project_id):
 def _visible_provider(user, provider_id) -> Provider:
     provider = provider_visible(user, provider_id)
     if provider is None:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     return provider
 
 

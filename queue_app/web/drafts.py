@@ -38,10 +38,10 @@ def chosen_provider(request_data, project: Project) -> Provider | None:
     if not value:
         return None
     if not value.isdigit() or len(value) > 18:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     provider = Provider.objects.filter(id=int(value), owner=project.owner).first()
     if provider is None:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     return provider
 
 

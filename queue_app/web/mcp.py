@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queue_app.selectors.jobs import jobs_by_status
 from queue_app.services.errors import ServiceError
-from queue_app.web import api, mcp_tools, schemas, tokens
+from queue_app.web import api, mcp_tools, refusals, schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,11 @@ def tool_result(structured: dict, extra_content=()) -> dict:
 
 
 def tool_refusal(refusal: ServiceError) -> dict:
-    # A tool's refusal is a result the model can read, not a protocol error; the HTTP
-    # status it would have on the JSON API (404, 409, 422…) is kept in the text.
+    # A tool's refusal is a result the model can read, not a protocol error: the text for
+    # people (with the HTTP status it would have on the JSON API), and the same refusal as
+    # {code, message, retriable, status, field?} for a program to branch on.
     text = refusal.message if refusal.code == 400 else f"{refusal.message} ({refusal.code})"
-    return {"content": [{"type": "text", "text": text}], "isError": True}
+    return {"content": [{"type": "text", "text": text}], "structuredContent": refusals.describe(refusal), "isError": True}
 
 
 def call_tool(request, user, params: dict) -> dict:

@@ -89,7 +89,7 @@ def list_projects(ctx: Context, args) -> dict:
 def get_project(ctx: Context, args) -> dict:
     project = project_detail(user=ctx.user, project_id=args.project_id)
     if project is None:
-        raise ServiceError("project not found", 404)
+        raise ServiceError("project not found", 404, field="project_id")
     return project
 
 
@@ -100,7 +100,7 @@ def list_providers(ctx: Context, args) -> dict:
 def get_provider(ctx: Context, args) -> dict:
     found = providers_after(user=ctx.user, after_id=args.provider_id - 1, limit=1)["providers"]
     if not found or found[0]["id"] != args.provider_id:
-        raise ServiceError("provider not found", 404)
+        raise ServiceError("provider not found", 404, field="provider_id")
     return found[0]
 
 
@@ -126,7 +126,7 @@ def get_job(ctx: Context, args) -> dict:
 
     job = job_summary(user=ctx.user, job_id=args.job_id)
     if job is None:
-        raise ServiceError("job not found", 404)
+        raise ServiceError("job not found", 404, field="job_id")
     inlined = 0
     for output in job["outputs"]:
         has_file = output.pop("has_file")

@@ -14,7 +14,17 @@ from queue_app.web import agent_schemas as A
 from queue_app.web import manage_schemas as M
 from queue_app.web import schemas as S
 
-ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {"type": "string", "description": "what was refused and why, for people"},
+        "code": {"type": "string", "description": "a stable word to branch on: not_found, invalid_argument, conflict…"},
+        "retriable": {"type": "boolean", "description": "the same request may succeed later unchanged"},
+        "status": {"type": "integer"},
+        "field": {"type": "string", "description": "the argument the refusal is about, when one is"},
+    },
+    "required": ["error"],
+}
 ANY_OBJECT = {"type": "object"}
 PATH_IDS = {
     "project_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},

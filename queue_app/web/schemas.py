@@ -26,8 +26,8 @@ MAX_ID = 2**62
 class SchemaError(ServiceError):
     """A request that does not fit its operation's schema: 400 with a readable message."""
 
-    def __init__(self, message: str, code: int = 400, details: list | None = None):
-        super().__init__(message, code)
+    def __init__(self, message: str, code: int = 400, details: list | None = None, field: str | None = None):
+        super().__init__(message, code, field=field)
         self.details = details or []
 
 
@@ -358,12 +358,13 @@ def validate(schema: type[BaseModel], data):
     try:
         return schema.model_validate(data)
     except ValidationError as error:
-        problems = []
+        problems, field = [], None
         for item in error.errors(include_url=False, include_input=False, include_context=False):
+            field = field or (str(item["loc"][0]) if item["loc"] else None)
             where = _where(item["loc"])
             message = "unknown field" if item["type"] == "extra_forbidden" else item["msg"]
             problems.append(f"{where}: {message}" if where else message)
-        raise SchemaError("; ".join(problems), details=problems) from None
+        raise SchemaError("; ".join(problems), details=problems, field=field) from None
 
 
 def validate_query(schema: type[BaseModel], query) -> BaseModel:
