@@ -1,6 +1,9 @@
-"""Small template filters: sizes in MB."""
+"""Small template helpers: sizes in MB, a form's one-time token."""
 
 from django import template
+from django.utils.html import format_html
+
+from queue_app.web.form_once import FIELD, new_token
 
 register = template.Library()
 MIB = 1024 * 1024
@@ -14,3 +17,9 @@ def megabytes(value) -> str:
     except (TypeError, ValueError):
         return "—"
     return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"
+
+
+@register.simple_tag
+def form_token() -> str:
+    """The one-time token of a form that creates or starts something (web/form_once.py)."""
+    return format_html('<input type="hidden" name="{}" value="{}">', FIELD, new_token())
