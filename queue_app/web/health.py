@@ -1,12 +1,15 @@
-"""Health checks for load balancers and supervisors: no authentication, no data.
+"""Probes as platforms define them: no authentication, no data.
 
-- `/healthz` — this web process can reach its database and, when REDIS_URL is set, Redis.
-  A load balancer takes a process out of rotation when this fails.
-- `/readyz` — the queue can move work: at least one queue service and one worker cluster
-  have heartbeaten within three heartbeat periods (engine/heartbeats.py). A supervisor or
-  a deploy gate reads this; a web process alone is healthy but not ready.
+- `/livez` — this process is alive and answers HTTP. It touches no dependency, so a
+  database or Redis outage never makes a supervisor restart a healthy web process.
+- `/readyz` — this process can serve: its database answers and, when REDIS_URL is set, its
+  channel layer's Redis answers. A load balancer takes it out of rotation on 503. Stopped
+  workers do not make a web process unready: the UI stays up mid-incident.
+- `/fleetz` — the fleet, for humans and alerts: at least one queue service and one worker
+  cluster have heartbeaten within three heartbeat periods (engine/heartbeats.py).
+- `/healthz` — kept for existing configurations: the same checks as `/readyz`.
 
-Both answer JSON `{"ok": bool, "checks": {name: "ok" | "down" | count}}` with 200 or 503.
+Each answers JSON `{"ok": bool, "checks": {name: "ok" | "down" | count}}` with 200 or 503.
 The bodies name no host, pid, error text or user data: they are public.
 """
 
@@ -29,21 +32,33 @@ def database_ok() -> bool:
             cursor.execute("SELECT 1")
             return cursor.fetchone()[0] == 1
     except Exception:
-        log.warning("healthz: database unreachable", exc_info=True)
+        log.warning("readyz: database unreachable", exc_info=True)
         return False
 
 
-def redis_ok() -> bool:
+def redis_hosts() -> list[str]:
+    """The Redis addresses this process serves through: its channel layer's hosts (a
+    channels-redis layer) and REDIS_URL, which the broker and the layer are built from."""
+    config = settings.CHANNEL_LAYERS.get("default", {}).get("CONFIG", {})
+    hosts = [host for host in config.get("hosts", []) if isinstance(host, str)]
+    if settings.REDIS_URL and settings.REDIS_URL not in hosts:
+        hosts.append(settings.REDIS_URL)
+    return hosts
+
+
+def redis_ok(url: str | None = None) -> bool:
+    """PING answered PONG by a Redis at `url` (a wrong port, password or a server that is
+    not Redis all fail), within a second."""
     import redis
 
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+        client = redis.Redis.from_url(url or settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
         try:
-            return bool(client.ping())
+            return client.ping() is True
         finally:
             client.close()
     except Exception:
-        log.warning("healthz: redis unreachable", exc_info=True)
+        log.warning("readyz: redis unreachable or wrong", exc_info=True)
         return False
 
 
@@ -53,16 +68,31 @@ def _answer(ok: bool, checks: dict) -> JsonResponse:
 
 @never_cache
 @require_GET
-def healthz(request):
+def livez(request):
+    return _answer(True, {"process": "ok"})
+
+
+def _ready_checks() -> dict:
     checks = {"database": "ok" if database_ok() else "down"}
-    if settings.REDIS_URL:
-        checks["redis"] = "ok" if redis_ok() else "down"
-    return _answer(all(value == "ok" for value in checks.values()), checks)
+    hosts = redis_hosts()
+    if hosts:
+        checks["redis"] = "ok" if all(redis_ok(url) for url in hosts) else "down"
+    return checks
 
 
 @never_cache
 @require_GET
 def readyz(request):
+    checks = _ready_checks()
+    return _answer(all(value == "ok" for value in checks.values()), checks)
+
+
+healthz = readyz
+
+
+@never_cache
+@require_GET
+def fleetz(request):
     if not database_ok():
         return _answer(False, {"database": "down"})
     live = heartbeats.liveness()

@@ -7,7 +7,9 @@ from queue_app.web import health, metrics, search, workers
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
+    path("livez", health.livez, name="livez"),
     path("readyz", health.readyz, name="readyz"),
+    path("fleetz", health.fleetz, name="fleetz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("queue/workers/", workers.workers, name="queue_workers"),
     path("queue/jobs/bulk", search.bulk_action, name="monitor_bulk"),
