@@ -160,3 +160,25 @@ def test_an_ambiguous_submit_that_is_not_found_stays_ambiguous():
     responses.replace(responses.POST, SUBMIT, body="garbage", status=200)
     with pytest.raises(AmbiguousError):
         civitai.submit(job())
+
+
+@responses.activate
+def test_a_submit_carries_its_attempts_tag_and_find_submitted_looks_that_tag_up():
+    responses.add(responses.POST, SUBMIT, json=civitai_workflow("unassigned"), status=202)
+    attempt = job(tag="rs-00000000-0000-0000-0000-000000000042-3")
+    civitai.submit(attempt)
+    assert json.loads(responses.calls[0].request.body)["tags"] == [
+        "rs-job-00000000-0000-0000-0000-000000000042",
+        "rs-00000000-0000-0000-0000-000000000042-3",
+    ]
+    earlier = "rs-00000000-0000-0000-0000-000000000042-2"
+    found = dict(civitai_workflow("processing", workflow_id="wf_found"), tags=[earlier])
+    responses.add(responses.GET, f"{SUBMIT}?tags={earlier}&take=5&hideMatureContent=false", json={"items": [found]})
+    assert civitai.find_submitted(attempt, earlier) == ["wf_found"]
+
+
+@responses.activate
+def test_find_submitted_raises_when_the_lookup_fails_rather_than_finding_nothing():
+    responses.add(responses.GET, SUBMIT, status=500, json={"title": "oops", "status": 500})
+    with pytest.raises(TransientError):
+        civitai.find_submitted(job(), "rs-x-1")

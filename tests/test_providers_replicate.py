@@ -155,3 +155,29 @@ def test_malformed_json_and_timeouts():
     with pytest.raises(TransientError):
         replicate.check(PID, job())
     assert sum(1 for call in responses.calls if call.request.method == "POST") == 2  # never re-sent
+
+
+@responses.activate
+def test_find_submitted_matches_model_and_input_from_the_list_and_stops_at_older_predictions():
+    from datetime import UTC, datetime
+
+    wanted = {"prompt": "a red fox in snow", "aspect_ratio": "16:9"}
+    model = dict(model="black-forest-labs/flux-2-pro")
+    page_one = [
+        replicate_prediction(prediction_id="other-prompt", input={"prompt": "a corgi"}, **model),
+        replicate_prediction(prediction_id="ours", input=dict(wanted, input_images=["https://x/re-signed.png"]), **model),
+        replicate_prediction(prediction_id="other-model", input=wanted, model="someone/else"),
+    ]
+    older = replicate_prediction(prediction_id="too-old", input=wanted, created_at="2025-12-31T23:00:00.000Z", **model)
+    responses.add(responses.GET, CREATE, json={"next": f"{CREATE}?cursor=p2", "results": page_one})
+    responses.add(responses.GET, f"{CREATE}?cursor=p2", json={"next": f"{CREATE}?cursor=p3", "results": [older]})
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    assert replicate.find_submitted(job(references=["data:image/png;base64,AAAA"]), "rs-tag", since) == ["ours"]
+    assert len(responses.calls) == 2  # an older prediction ends the walk: page 3 is never read
+
+
+@responses.activate
+def test_find_submitted_raises_when_the_list_cannot_be_read():
+    responses.add(responses.GET, CREATE, status=503, json={"title": "Service Unavailable", "status": 503})
+    with pytest.raises(TransientError):
+        replicate.find_submitted(job(), "rs-tag", None)

@@ -7,7 +7,9 @@ Each provider record chooses in its options, `on_ambiguous`:
 - "hold":  stop and hold the job for attention — a failed job with error class
            "attention", listed on the monitor as "Needs attention" with Resubmit and
            Mark failed. A visible stuck job beats a silent double charge.
-Unset, video projects hold (expensive work) and everything else retries.
+Unset, video projects hold (expensive work) and everything else retries. A family whose
+adapter can find the submission again (`find_submitted`: Civitai, Replicate) never holds:
+the next attempt looks the task up and adopts it before paying again (engine/reconcile.py).
 """
 
 RETRY = "retry"
@@ -26,5 +28,16 @@ def policy(options: dict | None, kind: str) -> str:
     return HOLD if kind in HOLD_BY_DEFAULT else RETRY
 
 
-def holds(options: dict | None, kind: str) -> bool:
-    return policy(options, kind) == HOLD
+def reconciled(family: str) -> bool:
+    """The family's adapter can look an accepted submission up again."""
+    from queue_app.providers import adapter_for
+    from queue_app.providers.base import ProviderError
+
+    try:
+        return callable(getattr(adapter_for(family), "find_submitted", None))
+    except ProviderError:
+        return False
+
+
+def holds(options: dict | None, kind: str, family: str = "") -> bool:
+    return policy(options, kind) == HOLD and not (family and reconciled(family))

@@ -90,6 +90,12 @@ def attempt_detached(attempt_id, *, task_id: str, reason: str = "") -> bool:
     return bool(model_sql.update(JobAttempt, dict(id=attempt_id, outcome=Outcome.RUNNING), fields))
 
 
+def attempt_adopted(attempt_id, *, task_id: str) -> bool:
+    """A running attempt adopted a task an earlier attempt's submission had created
+    (engine/reconcile.py): the row names that task, whatever it ends with."""
+    return bool(model_sql.update(JobAttempt, dict(id=attempt_id, outcome=Outcome.RUNNING), dict(task_id=task_id)))
+
+
 def attempts_close_open(job_ids, *, outcome: Outcome, reason: str) -> int:
     """The open attempts of these jobs end with `outcome` (a check's finding, a cancel)."""
     return JobAttempt.objects.filter(job_id__in=list(job_ids), finished_at__isnull=True).update(

@@ -9,10 +9,11 @@ An adapter module exposes:
     STATUS_PER_MINUTE: int | None  # documented status requests a minute (None: not
                                # published; providers/budget.py picks a default)
     check_page(cursor, job) -> ({task_id: Running}, next_cursor)  # optional, with
-                               # STATUS_BATCH: a list endpoint that reports on many tasks
-                               # in one request (Replicate's list of predictions)
-    cancel(task_id: str, job: ResolvedJob) -> None   # optional: stop a remote task (a
-                               # user's cancel, the timeout); a refusal is only logged
+                               # STATUS_BATCH: many tasks a request (Replicate's list)
+    cancel(task_id: str, job: ResolvedJob) -> None   # optional: stop a remote task;
+                               # a refusal is only logged
+    find_submitted(job, tag, since) -> [task_id, …]  # optional: what an earlier
+                               # attempt (`tag`, after `since`) created (engine/reconcile)
 
 and raises PermanentError, TransientError or AmbiguousError. Adapters know nothing of
 Django or the queue: a ResolvedJob in, outputs or a task id out.
@@ -123,3 +124,6 @@ class ResolvedJob:
     base_url: str = ""
     api_key: str = field(default="", repr=False)
     api_secret: str = field(default="", repr=False)
+    # This attempt's unique tag, sent where the provider echoes it back (Civitai `tags`),
+    # so a later attempt can find the task this one may have created (engine/reconcile.py).
+    tag: str = ""

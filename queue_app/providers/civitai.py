@@ -4,8 +4,8 @@ detached Civitai job is checked every 5 s.
 Shapes: ../shared/providers/civitai.md. Quirks handled here:
 - one `imageGen` step per job (`engine`/`ecosystem` from the model's AIR or the draft's
   params), or a whole step given in `params.step`;
-- every submit carries a unique tag (`rs-job-<job id>`): a submit that timed out after it
-  was sent is looked up by that tag before anyone pays again;
+- every submit carries the job's tag and its attempt's unique tag: a lost submission is
+  looked up by the latter before anyone pays again (`find_submitted`);
 - `allowMatureContent: false` is sent explicitly (otherwise a workflow can sit withheld);
 - statuses: `unassigned → preparing → scheduled → processing`, then `succeeded | failed |
   expired | canceled`; an unknown status counts as in progress;
@@ -54,6 +54,10 @@ def _headers(job: ResolvedJob) -> dict:
 
 def tag_for(job: ResolvedJob) -> str:
     return f"rs-job-{job.job_id}"
+
+
+def _tags(job: ResolvedJob) -> list[str]:
+    return [tag_for(job)] + ([job.tag] if job.tag else [])
 
 
 def _raise_for_status(response, *, create: bool) -> None:
@@ -167,7 +171,7 @@ def submit(job: ResolvedJob) -> Finished | Submitted:
     wait = max(0, min(90, int(job.options.get("wait_seconds", 0) or 0)))
     body = {
         "steps": [_step(job)],
-        "tags": [tag_for(job)],
+        "tags": _tags(job),
         "metadata": {"jobId": job.job_id},
         "allowMatureContent": bool(job.options.get("allow_mature_content", False)),
     }
@@ -196,20 +200,31 @@ def submit(job: ResolvedJob) -> Finished | Submitted:
 
 
 def find_by_tag(job: ResolvedJob) -> str | None:
-    """The workflow a submit of this job created, found by its unique tag — read-only, so
-    an ambiguous submit is never paid twice. None when nothing (readable) is found."""
-    url = f"{_base(job)}/v2/consumer/workflows?tags={tag_for(job)}&take=5&hideMatureContent=false"
+    """The workflow this submit created, found by its unique tag (the attempt's, else the
+    job's) — read-only, so an ambiguous submit is never paid twice. None when nothing
+    (readable) is found."""
     try:
-        response = http.send("GET", url, create=False, label=LABEL, headers=_headers(job))
-        if response.status_code != 200:
-            return None
-        body = http.json_body(response, create=False, label=LABEL)
+        found = find_submitted(job, job.tag or tag_for(job), None)
     except http.ProviderError:
         return None
-    for item in body.get("items") or []:
-        if isinstance(item, dict) and item.get("id") and tag_for(job) in (item.get("tags") or [tag_for(job)]):
-            return str(item["id"])
-    return None
+    return found[0] if found else None
+
+
+def find_submitted(job: ResolvedJob, tag: str, since=None) -> list[str]:
+    """The workflows carrying `tag` (QueryWorkflows by tag), newest first: what an earlier
+    attempt's submission created. A failed lookup raises TransientError: the caller must
+    not pay again blind."""
+    url = f"{_base(job)}/v2/consumer/workflows?tags={tag}&take=5&hideMatureContent=false"
+    response = http.send("GET", url, create=False, label=LABEL, headers=_headers(job))
+    if response.status_code != 200:
+        raise http.TransientError(f"{LABEL} workflow lookup by tag answered HTTP {response.status_code}")
+    body = http.json_body(response, create=False, label=LABEL)
+    items = body.get("items") if isinstance(body, dict) else None
+    return [
+        str(item["id"])
+        for item in items or []
+        if isinstance(item, dict) and item.get("id") and tag in (item.get("tags") or [tag])
+    ]
 
 
 def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:

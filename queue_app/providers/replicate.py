@@ -8,10 +8,11 @@ Shapes: ../shared/providers/replicate.md. Quirks handled here:
 - `output` is a URL string, an array of URLs (every one is kept), an object with URLs,
   or — for language models — a list of text tokens (joined);
 - a success with an empty output is a failure (NSFW checkers drop images that way);
-- outputs are deleted after an hour (`data_removed`): the output writer downloads them
-  as soon as the task finishes; a retry after that finds them gone and submits fresh;
+- outputs are deleted after an hour (`data_removed`): downloaded at once;
 - `failed` errors are free text: content-filter words are permanent, input validation
-  is permanent, anything else is worth one fresh submission.
+  is permanent, anything else is worth one fresh submission;
+- a prediction echoes only `input` and `created_at`: a lost submission is found again in
+  the list by those (`find_submitted`).
 """
 
 import re
@@ -214,6 +215,60 @@ def check_page(cursor: str, job: ResolvedJob) -> tuple[dict, str]:
             if str(prediction.get("status") or "").lower() in RUNNING_STATUSES:
                 running[str(prediction["id"])] = Running()
     return running, _cursor(body.get("next"), url)
+
+
+LOOKUP_PAGES = 5  # newest first: 500 predictions back is far beyond any ambiguous window
+
+
+def find_submitted(job: ResolvedJob, tag: str = "", since=None) -> list[str]:
+    """The predictions created at or after `since` (an aware datetime) whose model and
+    input are this job's — what an earlier submission of it may have created — newest
+    first. References are left out of the match (they may be sent re-signed). A failed
+    read raises: the caller must not pay again blind."""
+    from dataclasses import replace
+    from urllib.parse import urlencode
+
+    wanted = _input(replace(job, references=[]))
+    url, cursor, found = f"{_base(job)}/predictions", "", []
+    for _ in range(LOOKUP_PAGES):
+        query = f"?{urlencode({'cursor': cursor})}" if cursor else ""
+        response = http.send("GET", url + query, create=False, label=LABEL, headers=_headers(job))
+        _raise_for_status(response, create=False)
+        body = http.json_body(response, create=False, label=LABEL)
+        older = False
+        for prediction in body.get("results") or []:
+            if not isinstance(prediction, dict) or not prediction.get("id"):
+                continue
+            created = _created(prediction)
+            if since is not None and created is not None and created < since:
+                older = True
+                continue
+            if _same_model(prediction, job.model) and _same_input(prediction.get("input"), wanted):
+                found.append(str(prediction["id"]))
+        cursor = _cursor(body.get("next"), url)
+        if older or not cursor:
+            break
+    return found
+
+
+def _created(prediction: dict):
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(prediction.get("created_at") or "").replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _same_model(prediction: dict, model: str) -> bool:
+    name, _, version = model.partition(":")
+    if "/" not in name:  # a bare version id
+        return prediction.get("version") in (None, name)
+    return prediction.get("model") in (None, name) and (not version or prediction.get("version") in (None, version))
+
+
+def _same_input(echoed, wanted: dict) -> bool:
+    return isinstance(echoed, dict) and all(echoed.get(key) == value for key, value in wanted.items())
 
 
 def _cursor(next_url, base_url: str) -> str:

@@ -74,10 +74,13 @@ def heal_stalled(rows, *, dead_owners=()) -> int:
 def held_for_attention(rows) -> set:
     """Of stalled rows (id, owner, attempts, max_attempts, expiry, options, kind), the jobs
     to hold rather than retry: the provider record holds ambiguous submissions, and a
-    worker had begun the job (an attempt is open), so its submission may have been sent."""
+    worker had begun the job (an attempt is open), so its submission may have been sent.
+    A family that looks submissions up again (engine/reconcile.py) is retried instead."""
     candidates = [row[0] for row in rows if ambiguous.holds(row[5], row[6])]
     if not candidates:
         return set()
+    families = Job.objects.filter(id__in=candidates).values_list("id", "active_provider__family")
+    candidates = [job_id for job_id, family in families if not ambiguous.reconciled(family or "")]
     return set(JobAttempt.objects.filter(job_id__in=candidates, outcome=Outcome.RUNNING).values_list("job_id", flat=True))
 
 

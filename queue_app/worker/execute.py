@@ -11,6 +11,7 @@ in the completion's own commit (dispatch.Handover) and the worker runs that job 
 within CARRY_ON_BUDGET_SECONDS.
 """
 
+import dataclasses
 import logging
 import time
 
@@ -18,8 +19,8 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import ambiguous, backoff, dispatch, failpoints, outputs, remote_cancel, transitions
-from queue_app.engine.attempts import Outcome, attempt_begin
+from queue_app.engine import ambiguous, backoff, dispatch, failpoints, outputs, reconcile, remote_cancel, transitions
+from queue_app.engine.attempts import Outcome, attempt_adopted, attempt_begin
 from queue_app.engine.leases import LeaseKeeper, leave_to_healing, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
 from queue_app.engine.results import Applied, retry_or_give_up, store_outputs
@@ -107,7 +108,7 @@ def _execute(
     job: Job, token, provider: Provider, attempt: JobAttempt, keeper: LeaseKeeper, handover, *, claimed_earlier: bool
 ) -> int | None:
     adapter = adapter_for(provider.family)
-    request = resolved_job(job, provider, submit=True)
+    request = dataclasses.replace(resolved_job(job, provider, submit=True), tag=reconcile.tag(job.id, attempt.number))
     failpoints.hit("after_claim_before_submit")
     # A handover claimed the job a moment ago under the provider's lock, which it takes
     # only when the provider is not cooling down; a claim that waited in the broker may
@@ -141,7 +142,7 @@ def _execute(
         if job.task_id:
             result = _adopt(adapter, job, request)
         else:
-            result = providers.call(request, adapter.submit, request)
+            result = _reconcile_or_submit(adapter, job, request, attempt)
     except ProviderError as error:
         result = error
     except Exception as error:  # a bug or an unexpected answer: fail this job, keep the rest running
@@ -198,6 +199,22 @@ def _adopt(adapter, job: Job, request):
     return providers.call(request, adapter.submit, request)
 
 
+def _reconcile_or_submit(adapter, job: Job, request, attempt: JobAttempt):
+    """Before paying again: a task an earlier attempt may have created is adopted — polled
+    if running, collected if finished — and a fresh submission is made only when none is
+    found (or every one found is dead)."""
+    for task_id in reconcile.candidates(adapter, request, job.id, attempt.number):
+        try:
+            state = providers.call(request, adapter.check, task_id, request)
+        except ProviderError:
+            state = Running()  # it exists: keep it and let the poller look again
+        if isinstance(state, (Finished, Running)):
+            log.info("job %s: adopted task %s of an earlier attempt instead of submitting again", job.id, task_id)
+            attempt_adopted(attempt.id, task_id=task_id)
+            return state if isinstance(state, Finished) else Submitted(task_id=task_id)
+    return providers.call(request, adapter.submit, request)
+
+
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:
     reason = error.reason
     if isinstance(error, AccountError):
@@ -224,7 +241,7 @@ def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, er
         )
         dispatch.wake_later(provider.id, error.delay)
         return None  # the provider is cooling down: nothing to refill now
-    if isinstance(error, AmbiguousError) and ambiguous.holds(provider.options, job.project.kind):
+    if isinstance(error, AmbiguousError) and ambiguous.holds(provider.options, job.project.kind, provider.family):
         # The provider may have accepted (and billed) it; this record chose a visible
         # stuck job over a silent second charge.
         reason = f"{ambiguous.HOLD_REASON} ({reason})"

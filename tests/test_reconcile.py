@@ -1,0 +1,53 @@
+"""Which earlier attempts are looked up before paying again, and which tasks found may be
+adopted (engine/reconcile.py); the process tests are in test_reconcile_processes.py."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from queue_app.engine import ambiguous, reconcile
+from queue_app.models import JobAttempt, Status
+from tests.conftest import make_job, make_project, make_provider
+from tests.fakes.provider_shapes import resolved
+
+pytestmark = pytest.mark.django_db
+Outcome = JobAttempt.Outcome
+
+
+def _attempt(job, number, outcome, task_id=""):
+    return JobAttempt.objects.create(job=job, number=number, outcome=outcome, task_id=task_id)
+
+
+def test_a_family_with_a_lookup_is_never_held_and_one_without_keeps_its_policy():
+    hold = {"on_ambiguous": "hold"}
+    assert not ambiguous.holds(hold, "image", "replicate") and not ambiguous.holds(hold, "video", "civitai")
+    assert ambiguous.holds(hold, "image", "openai") and ambiguous.holds({}, "video", "runninghub")
+
+
+def test_only_attempts_that_may_have_reached_the_provider_are_looked_up_by_their_tag(owner):
+    project = make_project(owner, make_provider(owner))
+    job = make_job(project, Status.PROCESSING)
+    _attempt(job, 1, Outcome.INTERRUPTED)
+    _attempt(job, 2, Outcome.TRANSIENT)  # refused: nothing was created
+    _attempt(job, 3, Outcome.AMBIGUOUS)
+    _attempt(job, 4, Outcome.INTERRUPTED, task_id="stored")  # its id was stored: not lost
+    asked = []
+
+    def find_submitted(request, tag, since):
+        asked.append(tag)
+        return {f"rs-{job.id}-3": ["t3"], f"rs-{job.id}-1": ["t1", "t3"]}.get(tag, [])
+
+    adapter = SimpleNamespace(find_submitted=find_submitted)
+    assert reconcile.candidates(adapter, resolved("civitai"), job.id, 5) == ["t3", "t1"]
+    assert asked == [f"rs-{job.id}-3", f"rs-{job.id}-1"]
+
+
+def test_a_task_any_job_or_attempt_stored_is_not_adopted_again(owner):
+    project = make_project(owner, make_provider(owner))
+    mine, other = make_job(project, Status.PROCESSING), make_job(project, Status.PROCESSING, task_id="held")
+    _attempt(mine, 1, Outcome.AMBIGUOUS)
+    _attempt(mine, 2, Outcome.TRANSIENT, task_id="seen-failing")
+    adapter = SimpleNamespace(find_submitted=lambda request, tag, since: ["held", "seen-failing", "free"])
+    assert reconcile.candidates(adapter, resolved("replicate"), mine.id, 3) == ["free"]
+    assert reconcile.candidates(SimpleNamespace(), resolved("openai"), mine.id, 3) == []
+    assert other.task_id == "held"
