@@ -12,7 +12,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
 from queue_app import limits
-from queue_app.models import Job, Provider, Status
+from queue_app.models import AlbumItem, Job, Provider, Status
 from queue_app.web import mcp, mcp_tools, schemas, tokens
 from tests.conftest import make_drafts, make_project, make_provider
 
@@ -189,7 +189,13 @@ def test_every_api_route_is_in_the_openapi_document_with_the_methods_it_answers(
     document = api.get("/api/openapi.json").json()
     assert set(api_routes()) == set(document["paths"]), "an /api/ route is missing from (or extra in) web/openapi.py"
     [draft] = make_drafts(project)
-    ids = {"{project_id}": str(project.id), "{provider_id}": str(provider.id), "{job_id}": str(draft.id)}
+    item = AlbumItem.objects.create(project=project, owner=project.owner, kind="text", text="a haiku")
+    ids = {
+        "{project_id}": str(project.id),
+        "{provider_id}": str(provider.id),
+        "{job_id}": str(draft.id),
+        "{item_id}": str(item.id),
+    }
     for path, operations in document["paths"].items():
         url = path
         for name, value in ids.items():

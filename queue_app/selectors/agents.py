@@ -1,14 +1,14 @@
 """The list/get reads the API and MCP page through: projects (in the one shape,
-projects.project_json), providers and job summaries."""
+projects.project_json), providers, job summaries and album items."""
 
 from django.db.models import Count
 from django.utils import timezone
 
 from queue_app.engine import heartbeats
-from queue_app.models import Job, Provider, Status
+from queue_app.models import AlbumItem, Job, Provider, Status
 from queue_app.selectors.job_list import job_row
 from queue_app.selectors.projects import project_counts, project_json
-from queue_app.selectors.visibility import visible_jobs, visible_projects, visible_providers
+from queue_app.selectors.visibility import visible_jobs, visible_projects, visible_providers, visible_to
 
 
 def provider_json(provider: Provider) -> dict:
@@ -88,19 +88,37 @@ def job_summary(*, user, job_id) -> dict | None:
         job, providers=visible_providers(user), live=heartbeats.liveness(now=now), now=now, attempts=job.attempt_log.all()
     )
     row["resolved"] = job.resolved
-    row["outputs"] = [
-        {
-            "id": item.id,
-            "index": item.output_index,
-            "role": item.role,
-            "kind": item.kind,
-            "content_type": item.content_type,
-            "size": item.size,
-            "width": item.width,
-            "height": item.height,
-            "text": item.text if item.kind == "text" else None,
-            "has_file": bool(item.file),
-        }
-        for item in job.album_items.order_by("output_index")
-    ]
+    row["outputs"] = [album_json(item) for item in job.album_items.order_by("output_index")]
     return row
+
+
+def album_json(item: AlbumItem) -> dict:
+    """An album item as the API and MCP list it (its file's links are the web's to add)."""
+    return {
+        "id": item.id,
+        "project_id": item.project_id,
+        "job_id": str(item.job_id) if item.job_id else None,
+        "index": item.output_index,
+        "role": item.role,
+        "kind": item.kind,
+        "content_type": item.content_type,
+        "size": item.size,
+        "width": item.width,
+        "height": item.height,
+        "text": item.text if item.kind == "text" else None,
+        "has_file": bool(item.file),
+        "created_at": item.created_at.isoformat(),
+    }
+
+
+def album_before(*, user, project_id: int | None = None, before_id: int = 0, limit: int = 50) -> dict:
+    """One page of the album items a user may see, newest first by id (keyset): `before_id`
+    is the last id of the previous page (0: the first page)."""
+    items = visible_to(user, AlbumItem)
+    if project_id is not None:
+        items = items.filter(project_id=project_id)
+    if before_id:
+        items = items.filter(id__lt=before_id)
+    rows = list(items.order_by("-id")[: limit + 1])
+    page = rows[:limit]
+    return {"items": [album_json(item) for item in page], "next_before": page[-1].id if len(rows) > limit else None}

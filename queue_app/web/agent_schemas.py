@@ -155,8 +155,23 @@ class OutputLink(Output):
     role: str
     kind: str
     content_type: str
-    url: str | None = Field(None, description="the file (for the signed-in owner)")
+    size: int = 0
+    url: str | None = Field(None, description="the file with the API token; also its resource URI (resources/read)")
+    download_url: str | None = Field(None, description="the file without credentials, for 15 minutes")
     text: str | None = None
+
+
+class AlbumItemOut(OutputLink):
+    project_id: int
+    job_id: str | None
+    width: int | None
+    height: int | None
+    created_at: str
+
+
+class AlbumPage(Output):
+    items: list[AlbumItemOut]
+    nextCursor: str | None = Field(None, description="pass as cursor for the next page; null on the last")
 
 
 class JobDetail(JobOut):

@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queue_app.selectors.jobs import jobs_by_status
 from queue_app.services.errors import ServiceError
-from queue_app.web import api, mcp_tools, refusals, schemas, tokens
+from queue_app.web import api, mcp_resources, mcp_tools, refusals, schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 SERVER_INFO = {"name": "remix-studio-queue", "version": "1.1"}
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
+RESOURCE_NOT_FOUND = -32002
+RESOURCE_METHODS = ("resources/list", "resources/templates/list", "resources/read")
 
 # The tools as MCP lists them. Another module may append a tool here (a dict with
 # inputSchema) with its handler in HANDLERS (user, arguments dict) -> dict.
@@ -90,7 +92,7 @@ def handle(request, user, message: dict):
         asked = params.get("protocolVersion")
         return {
             "protocolVersion": asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0],
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": {"tools": {"listChanged": False}, "resources": {"listChanged": False, "subscribe": False}},
             "serverInfo": SERVER_INFO,
             "instructions": "Tools to operate the Remix Studio generation queue: find projects, providers and jobs; "
             "create drafts, start, retry and clear jobs; pause, resume and size providers.",
@@ -101,6 +103,11 @@ def handle(request, user, message: dict):
         return {"tools": TOOLS}
     if method == "tools/call":
         return call_tool(request, user, params)
+    if method in RESOURCE_METHODS:
+        try:
+            return mcp_resources.handle(method, user, f"{request.scheme}://{request.get_host()}", params)
+        except ServiceError as refusal:
+            raise RpcError(RESOURCE_NOT_FOUND if refusal.code == 404 else INVALID_PARAMS, refusal.message) from None
     raise RpcError(METHOD_NOT_FOUND, f"method not found: {method[:100]}")
 
 

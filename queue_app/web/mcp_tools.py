@@ -24,7 +24,7 @@ from queue_app.selectors.visibility import provider_visible
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.jobs import jobs_start
-from queue_app.web import agent_schemas, api, cursors, schemas
+from queue_app.web import agent_schemas, album_api, api, cursors, schemas
 
 READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 # Starting work calls provider APIs (the open world) and may spend money.
@@ -128,20 +128,25 @@ def get_job(ctx: Context, args) -> dict:
     if job is None:
         raise ServiceError("job not found", 404, field="job_id")
     inlined = 0
+    job["outputs"] = [album_api.with_links(ctx.base_url, ctx.user, output) for output in job["outputs"]]
     for output in job["outputs"]:
-        has_file = output.pop("has_file")
-        output["url"] = f"{ctx.base_url}/album/{output['id']}/file" if has_file else None
-        if output["url"]:
+        if output["url"] and output["kind"] != "text":
             ctx.extra_content.append(
                 {
                     "type": "resource_link",
                     "uri": output["url"],
                     "name": f"output {output['index']} of job {job['id'][:8]}",
                     "mimeType": output["content_type"] or "application/octet-stream",
+                    "size": output["size"],
                 }
             )
         wants_image = args.include_images and output["kind"] == "image" and inlined < MAX_INLINE_IMAGES
-        if wants_image and has_file and output["size"] <= MAX_INLINE_IMAGE_BYTES and output["content_type"].startswith("image/"):
+        if (
+            wants_image
+            and output["url"]
+            and output["size"] <= MAX_INLINE_IMAGE_BYTES
+            and output["content_type"].startswith("image/")
+        ):
             item = AlbumItem.objects.get(id=output["id"])
             with item.file.open("rb") as handle:
                 data = handle.read(MAX_INLINE_IMAGE_BYTES + 1)

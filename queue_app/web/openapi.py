@@ -30,7 +30,9 @@ PATH_IDS = {
     "project_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
     "provider_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
     "job_id": {"type": "string", "format": "uuid"},
+    "item_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
 }
+FILE = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
 REFUSALS = (
     (400, "the request does not fit the schema"),
     (401, "no or an invalid token"),
@@ -57,6 +59,7 @@ class Op:
     idempotent: bool = False
     multipart: dict | None = None
     public: bool = False
+    media: dict | None = None  # a response that is not JSON (a file)
 
 
 OPERATIONS = [
@@ -127,6 +130,15 @@ OPERATIONS = [
     ),
     Op("/api/providers/{provider_id}", "delete", "delete_provider", "Delete a provider without work"),
     Op("/api/providers/{provider_id}/test", "post", "test_provider_key", "Test the stored key at its stored address"),
+    Op("/api/album", "get", "list_album", "Album items newest first, by key", query=S.AlbumQuery, result=A.AlbumPage),
+    Op("/api/album/{item_id}", "delete", "delete_album_item", "Delete an album item and free its storage"),
+    Op(
+        "/api/album/{item_id}/file",
+        "get",
+        "album_file",
+        "An album item's file, streamed: with the token, or without one through a download_url (?sig=, 15 minutes)",
+        media=FILE,
+    ),
     Op("/api/openapi.json", "get", "openapi", "This document", public=True),
 ]
 
@@ -157,7 +169,8 @@ def _parameters(op: Op, components: dict) -> list[dict]:
 
 def _operation(op: Op, refs: dict, components: dict) -> dict:
     result = refs[(op.result, "validation")] if op.result else ANY_OBJECT
-    responses = {str(op.status): {"description": "done", "content": {"application/json": {"schema": result}}}}
+    content = op.media or {"application/json": {"schema": result}}
+    responses = {str(op.status): {"description": "done", "content": content}}
     if op.status != 200:  # the same request again answers 200 (an idempotent replay, a known image)
         responses["200"] = responses[str(op.status)]
     for code, text in REFUSALS:

@@ -322,6 +322,12 @@ class ProjectJobsQuery(Query):
     attempts: bool = Field(False, description="include each job's attempt log")
 
 
+class AlbumQuery(Query):
+    project_id: int | None = Field(None, ge=1, le=MAX_ID, description="only this project's items")
+    cursor: str | None = Field(None, max_length=200, description="nextCursor of the previous page")
+    limit: int = Field(50, ge=1, le=limits.PAGE_SIZE)
+
+
 # --- Parsing ----------------------------------------------------------------------------
 
 

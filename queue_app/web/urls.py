@@ -1,6 +1,7 @@
 from django.urls import path
 
 from queue_app.web import (
+    album_api,
     album_pages,
     api,
     api_drafts,
@@ -71,6 +72,9 @@ urlpatterns = [
     path("api/providers", api_manage.providers_view, name="api_providers"),
     path("api/providers/<int:provider_id>", api_manage.provider_view, name="api_provider"),
     path("api/providers/<int:provider_id>/test", api_manage.provider_test_view, name="api_provider_test"),
+    path("api/album", album_api.album_list_view, name="api_album"),
+    path("api/album/<int:item_id>", album_api.album_item_view, name="api_album_item"),
+    path("api/album/<int:item_id>/file", album_api.album_file_view, name="api_album_file"),
     path("api/openapi.json", openapi.openapi_view, name="api_openapi"),
     # MCP (Streamable HTTP, JSON-RPC 2.0)
     path("mcp", mcp.mcp_view, name="mcp"),
