@@ -142,7 +142,7 @@ class Trickle(BaseHTTPRequestHandler):
 @pytest.fixture
 def trickle():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/file"
     server.shutdown()

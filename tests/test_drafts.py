@@ -6,7 +6,6 @@ the file input.
 """
 
 import io
-import time
 
 import pytest
 from PIL import Image
@@ -264,10 +263,16 @@ def test_typing_survives_a_model_change_and_a_save_and_a_reference_uploads_by_th
         assert page.evaluate("window.__sameDocument") == "yes"
         page.check("#per-line")
         page.set_input_files("#draft-form input[name=reference_files]", str(picture))
-        # the save is held back a moment, and the user keeps typing meanwhile
-        page.route("**/drafts", lambda route: (time.sleep(1), route.continue_()))
+        # the save is held back until the user has typed more, however slow the machine is
+        held = []
+        page.route("**/drafts", lambda route: held.append(route))
         page.click("#draft-form button[type=submit]")
         page.type("#draft-form textarea[name=prompt]", " and a hare")
+        for _ in range(600):  # the held save reaches the route handler while the page is driven
+            if held:
+                break
+            page.wait_for_timeout(50)
+        held[0].continue_()
         page.wait_for_function("document.querySelectorAll('#drafts tr[data-job] img.ref-thumb').length === 2")
         assert page.input_value("#draft-form textarea[name=prompt]") == "a fox\nan owl and a hare"
     finally:

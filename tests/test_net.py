@@ -325,7 +325,7 @@ def test_the_comfyui_socket_does_not_follow_a_redirect_to_an_unchecked_address(s
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         settings.OUTBOUND_ALLOWLIST = [f"127.0.0.1:{server.server_address[1]}"]  # the instance only
         settings.OUTBOUND_ALLOW_HTTP = True

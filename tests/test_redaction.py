@@ -101,7 +101,7 @@ def _echo_server(message):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
@@ -167,7 +167,7 @@ def _comfy_echo(password_forms):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server
 
 
@@ -207,7 +207,7 @@ def test_a_failed_download_of_a_signed_url_names_only_its_host(settings):
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Gone)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     port = server.server_address[1]
     signed = f"http://127.0.0.1:{port}/out/img.png?X-Amz-Signature=SIGNATURE0123456789&X-Amz-Credential=CRED"
     try:

@@ -336,7 +336,7 @@ class _EchoKeyServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def echo_server(settings):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _EchoKeyServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     settings.OUTBOUND_ALLOWLIST = [f"127.0.0.1:{server.server_address[1]}"]
     settings.OUTBOUND_ALLOW_HTTP = True
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -421,7 +421,7 @@ class _Redirector(BaseHTTPRequestHandler):
 def test_a_redirect_to_a_private_address_is_refused(target, settings):
     handler = type("Redirect", (_Redirector,), {"target": target})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         settings.OUTBOUND_ALLOWLIST = [f"127.0.0.1:{server.server_address[1]}"]
         settings.OUTBOUND_ALLOW_HTTP = True

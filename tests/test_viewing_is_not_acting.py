@@ -48,7 +48,7 @@ class _Capture(BaseHTTPRequestHandler):
 def capture(settings):
     handler = type("Capture", (_Capture,), {"seen": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     settings.OUTBOUND_ALLOWLIST = [f"http://127.0.0.1:{server.server_address[1]}"]
     yield f"http://127.0.0.1:{server.server_address[1]}", handler.seen
     server.shutdown()
@@ -289,7 +289,7 @@ class Capture2:
         handler = type("Capture", (_Capture,), {"seen": []})
         self.seen = handler.seen
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self):

@@ -231,7 +231,7 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     page.wait_for_function("document.querySelectorAll('#album a[data-lightbox]').length === 2")
     page.locator("#album a[data-lightbox]").first.click()
     page.wait_for_selector("#lightbox[open]")
-    assert page.is_visible("#lb-stage img")
+    page.wait_for_selector("#lb-stage img", state="visible")  # seen once its picture has loaded
     walk.landed("lightbox").shot("lightbox")
     assert page.inner_text("#lb-count") == "1 / 2"
     page.click("#lb-next")

@@ -117,7 +117,9 @@ class ChaosProvider:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.server.request_queue_size = 128
-        self.thread = threading.Thread(target=self.server.serve_forever, name="chaos-provider", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="chaos-provider", daemon=True
+        )
         self.thread.start()
         return self
 
