@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 
 from comfy_app import workflow as wf
 from queue_app import limits
+from queue_app.sizes import human_bytes
 
 MAX_WORKFLOW_BYTES = limits.WORKFLOW_FILE_BYTES
 FIELD_PREFIX = "bind:"
@@ -31,7 +32,7 @@ CHOICES = {
 def read_workflow_file(upload) -> str:
     """The text of an uploaded workflow file, checked to be an API-format workflow."""
     if upload.size > MAX_WORKFLOW_BYTES:
-        raise wf.WorkflowError(f"the workflow file is over {MAX_WORKFLOW_BYTES // (1024 * 1024)} MB")
+        raise wf.WorkflowError(f"the workflow file is over {human_bytes(MAX_WORKFLOW_BYTES)}")
     try:
         data = limits.parse_json_text(
             upload.read(MAX_WORKFLOW_BYTES + 1),

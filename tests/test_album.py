@@ -69,11 +69,13 @@ def test_the_owner_deletes_an_item_after_confirming_and_its_storage_is_freed(sig
     path = settings.MEDIA_ROOT / item.file.name
     assert path.exists() and outputs.usage_bytes(owner.id) == 8000
     page = signed_in.get(f"/album/{item.id}/delete")
-    assert page.status_code == 200 and "<strong data-size>4.9\xa0KB</strong>" in page.content.decode()  # what it frees
+    assert page.status_code == 200 and "<strong data-size>4.9 KB</strong>" in page.content.decode()  # what it frees
     assert signed_in.post(f"/album/{item.id}/delete").status_code == 200  # no confirm: asks again
     assert AlbumItem.objects.filter(id=item.id).exists()
     response = signed_in.post(f"/album/{item.id}/delete", {"confirm": "1"})
     assert response.status_code == 302 and response["Location"] == f"/projects/{project.id}/#album"
+    said = [str(m) for m in signed_in.get(f"/projects/{project.id}/").context["messages"]]
+    assert said == ["album item deleted; 4.9 KB freed"]  # the size the confirmation named, not "0.0 MB"
     assert not AlbumItem.objects.filter(id=item.id).exists() and not path.exists()
     assert outputs.usage_bytes(owner.id) == 3000 and AlbumItem.objects.filter(id=keep.id).exists()
     assert signed_in.get(f"/album/{item.id}/file").status_code == 404

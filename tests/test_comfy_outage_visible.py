@@ -94,3 +94,17 @@ def test_a_healthy_instance_adds_no_warning(owner, fake, inline_tasks):
     start(owner, project)
     rows = jobs_page(user=owner, project_id=project.id)["jobs"]
     assert rows[0]["instance_warning"] == "" and rows[0]["waiting_reason"] == ""
+
+
+def test_an_outage_and_its_end_are_each_one_project_event(owner, outage, fake):
+    from queue_app.models import ProjectEvent
+
+    project, instance, _, _ = outage
+    check.check_instance(instance.id)  # still down: no second event
+    kinds = list(ProjectEvent.objects.filter(project=project, kind__startswith="instance.").values_list("kind", flat=True))
+    assert kinds == ["instance.unreachable"]
+    fake.accept()
+    check.check_instance(instance.id)
+    check.check_instance(instance.id)
+    kinds = list(ProjectEvent.objects.filter(project=project, kind__startswith="instance.").values_list("kind", flat=True))
+    assert kinds == ["instance.unreachable", "instance.reachable"]

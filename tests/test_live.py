@@ -212,14 +212,14 @@ async def test_the_relay_delivers_rows_written_by_other_processes(owner, project
     assert await relay.relay_once() == 0
 
 
-def detach(project, *, task_id="task-1") -> Job:
+def detach(project, *, task_id="task-1", slot=0) -> Job:
     """The project's draft as a detached job whose next check is due."""
     job = Job.objects.get(project=project)
     now = timezone.now()
     Job.objects.filter(id=job.id).update(
         status=Status.PROCESSING,
         active_provider=project.provider,
-        slot=0,
+        slot=slot,
         lease_token=uuid.uuid4(),
         task_id=task_id,
         task_observed_at=now,
@@ -248,6 +248,26 @@ async def test_a_polled_progress_tick_reaches_open_sockets_without_an_event_row(
     stored = await sync_to_async(lambda: Job.objects.values_list("progress", flat=True).get(id=job.id))()
     assert stored == 0.25
     assert await sync_to_async(lambda: ProjectEvent.objects.filter(kind="job.progress").count())() == 0
+    await communicator.disconnect()
+
+
+async def test_the_relay_sends_progress_another_process_wrote_once_per_change(owner, projects):
+    # Embedded set-up: the queue service's (or a worker's) progress broadcast stays in its
+    # own process; the job row has the fraction, and the relay sends it on.
+    a, b = projects
+    job = await sync_to_async(detach)(a)
+    await sync_to_async(lambda: Job.objects.filter(id=job.id).update(progress=0.5))()
+    other = await sync_to_async(detach)(b, slot=1)
+    await sync_to_async(lambda: Job.objects.filter(id=other.id).update(progress=0.3))()
+    communicator, _, _ = await socket(owner, a.id)
+    await communicator.receive_json_from()
+    assert await relay.relay_once() == 1  # B has no subscriber
+    [tick] = await events_received(communicator, 1)
+    assert (tick["type"], tick["job"], tick["progress"]) == ("progress", str(job.id), 0.5)
+    assert await relay.relay_once() == 0  # unchanged: not sent again
+    await sync_to_async(lambda: Job.objects.filter(id=job.id).update(progress=0.88))()
+    assert await relay.relay_once() == 1
+    assert (await events_received(communicator, 1))[0]["progress"] == 0.88
     await communicator.disconnect()
 
 

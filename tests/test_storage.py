@@ -62,7 +62,7 @@ def test_the_project_page_shows_what_starting_all_drafts_would_reserve(signed_in
     page = text_of(signed_in.get(f"/projects/{project.id}/"))
     assert "Starting all 6 drafts would reserve 150 MB (25 MB each)" in page
     assert "Only 4 fit now" in page
-    assert "this project: 0.0 MB" in page
+    assert "this project: 0 bytes" in page
 
 
 def test_the_quantity_field_offers_no_more_than_fits(signed_in, owner, project):
@@ -83,7 +83,7 @@ def test_a_refused_start_says_how_many_fit_and_where_the_limit_is_set(owner, pro
         jobs_start(user=owner, project=project, all_drafts=True)
     message = refused.value.message
     assert "Storage limit exceeded: 3 of these 10 job(s) fit now." in message
-    assert "uses 20.0 MB of 100 MB" in message and "Admin → Account settings, per user" in message
+    assert "uses 20 MB of 100 MB" in message and "Admin → Account settings, per user" in message
     assert not Job.objects.filter(id__in=[j.id for j in jobs]).exclude(status=Status.DRAFT).exists()
     started = jobs_start(user=owner, project=project, job_ids=[j.id for j in jobs[:3]])
     assert len(started["started"]) == 3  # what the message said fits does fit

@@ -23,7 +23,7 @@ from comfy_app import client as comfy
 from comfy_app.models import ComfyInstance, ComfyRun
 from comfy_app.runner.claim import claim_pending
 from comfy_app.runner.collect import hand_out_collection, start_collect
-from comfy_app.runner.instance import UNREACHABLE_LIMIT, acquire_driver, client_for, mark_unreachable
+from comfy_app.runner.instance import UNREACHABLE_LIMIT, acquire_driver, client_for, mark_reachable, mark_unreachable
 from queue_app.engine import backoff, enqueue, heartbeats, transitions
 from queue_app.engine.attempts import OPEN, Outcome
 from queue_app.models import ErrorClass, Job, Status
@@ -135,8 +135,7 @@ def _check_runs(instance: ComfyInstance, runs: list, now, result: dict) -> None:
         instance.back_at = now
         log.warning("ComfyUI instance of project %s answers again (unreachable since %s)", instance.project_id,
                     instance.unreachable_since.isoformat(timespec="seconds"))  # fmt: skip
-        ComfyInstance.objects.filter(id=instance.id).update(back_at=now)
-    ComfyInstance.objects.filter(id=instance.id).update(unreachable_since=None, last_error="", last_checked_at=now)
+    mark_reachable(instance, now)
     _resume_stale(runs, now)  # only once the instance answers: a retry into a dead address helps nobody
     for run in remote:
         result["checked"] += 1

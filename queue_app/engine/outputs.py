@@ -30,6 +30,7 @@ from queue_app.engine import events, failpoints, hot_sql, media, model_sql, tran
 from queue_app.models import AccountSettings, AlbumItem, Job, Reference, fence
 from queue_app.providers import net
 from queue_app.providers.base import Output
+from queue_app.sizes import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +252,8 @@ def _check_quota(prepared: list[Prepared], used: int, limit: int) -> None:
     new_bytes = sum(item.size for item in prepared)
     if used + new_bytes > limit:
         raise QuotaExceeded(
-            f"storage limit reached: the results need {new_bytes / 1e6:.1f} MB and "
-            f"{max(0, limit - used) / 1e6:.1f} MB of {limit / 1e6:.0f} MB is left"
+            f"storage limit reached: the results need {human_bytes(new_bytes)} and "
+            f"{human_bytes(max(0, limit - used))} of {human_bytes(limit)} is left"
         )
 
 

@@ -26,6 +26,7 @@ from django.utils import timezone
 from queue_app import limits
 from queue_app.engine import media
 from queue_app.models import AlbumItem, Reference
+from queue_app.sizes import human_bytes
 
 # The limits live in queue_app/limits.py with every other bound.
 MAX_REFERENCES = limits.REFERENCES
@@ -36,7 +37,6 @@ IMAGE_TYPES = set(media.IMAGE_FORMATS.values())
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _DATA_URI = re.compile(r"^data:([\w.+/-]*)((?:;[\w=.-]+)*),(.*)$", re.S)
 SNIFF_BYTES = 1024 * 1024  # what naming a refused file's type needs to read
-MIB = 1024 * 1024  # sizes are said in MB of 2^20 bytes, as the limits are written
 
 
 class BadReference(ValueError):
@@ -74,7 +74,7 @@ def checked(source, *, label: str = "the file") -> New:
     if not size:
         raise BadReference(f"{label} is empty")
     if size > MAX_REFERENCE_BYTES:
-        raise BadReference(f"{label} is {size / MIB:.1f} MB; a reference image may be {MAX_REFERENCE_BYTES / MIB:.0f} MB")
+        raise BadReference(f"{label} is {human_bytes(size)}; a reference image may be {human_bytes(MAX_REFERENCE_BYTES)}")
     if not isinstance(source, bytes | bytearray):
         source.seek(0)
     try:
@@ -130,7 +130,7 @@ def normalize(user, values, *, uploads=()) -> list:
         kept.append(checked(upload, label=f"{getattr(upload, 'name', 'the file')[:60]!r}"))
     if sum(item.size for item in kept if isinstance(item, New)) > limits.UPLOAD_BYTES:
         raise BadReference(
-            f"the new reference images add up to more than {limits.UPLOAD_BYTES / MIB:.0f} MB in one request: "
+            f"the new reference images add up to more than {human_bytes(limits.UPLOAD_BYTES)} in one request: "
             "add some, save, then add the rest (or upload them one by one through POST /api/references)"
         )
     return kept

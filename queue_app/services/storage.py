@@ -13,11 +13,9 @@ from queue_app.engine import events, outputs
 from queue_app.models import Job, Reference, Status
 from queue_app.services import references
 from queue_app.services.errors import ServiceError
+from queue_app.sizes import human_bytes
 
 log = logging.getLogger(__name__)
-
-
-MIB = 1024 * 1024  # storage is shown in MB of 2^20 bytes, as JOB_STORAGE_ESTIMATE_BYTES counts them
 
 
 def reference_store(user, source, *, label: str = "the file") -> str:
@@ -102,8 +100,8 @@ def quota_check(*, user, adding: int) -> None:
     used, limit = outputs.usage_bytes(user.id), outputs.storage_limit(user.id)
     if used + adding > limit:
         raise ServiceError(
-            f"Storage limit exceeded: these reference images need {adding / MIB:.1f} MB and "
-            f"{max(0, limit - used) / MIB:.1f} MB of {limit / MIB:.0f} MB is left. Free space by deleting album "
+            f"Storage limit exceeded: these reference images need {human_bytes(adding)} and "
+            f"{human_bytes(max(0, limit - used))} of {human_bytes(limit)} is left. Free space by deleting album "
             "items or projects, or ask an administrator to raise your limit.",
             403,
             reason="storage_full",
@@ -158,9 +156,9 @@ def storage_check(*, user, starting: int) -> None:
         fits = max(0, (limit - used - pending * per_job) // per_job)
         raise ServiceError(
             f"Storage limit exceeded: {fits} of these {starting} job(s) fit now. "
-            f"The album uses {used / MIB:.1f} MB of {limit / MIB:.0f} MB (reference images included), "
+            f"The album uses {human_bytes(used)} of {human_bytes(limit)} (reference images included), "
             "and every pending job reserves "
-            f"{per_job / MIB:.0f} MB ({pending + starting} pending would need ~{needed / MIB:.0f} MB). "
+            f"{human_bytes(per_job)} ({pending + starting} pending would need ~{human_bytes(needed)}). "
             "Free space by deleting album items or projects, or ask an administrator to raise your limit "
             "(Admin → Account settings, per user).",
             403,

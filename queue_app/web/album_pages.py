@@ -13,6 +13,7 @@ from queue_app.models import AlbumItem, Project
 from queue_app.selectors.jobs import album_grouped, album_zip_items
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import album_item_delete
+from queue_app.sizes import human_bytes
 from queue_app.web import album_zip
 from queue_app.web.shortcuts import own
 
@@ -25,7 +26,7 @@ def album_delete(request, item_id):
     if request.method == "POST" and request.POST.get("confirm") == "1":
         try:
             freed = album_item_delete(user=request.user, item_id=item.id)
-            messages.success(request, f"album item deleted; {freed / 1e6:.1f} MB freed")
+            messages.success(request, f"album item deleted; {human_bytes(freed)} freed")
         except ServiceError as error:
             messages.error(request, error.message)
         return redirect(f"/projects/{item.project_id}/#album")

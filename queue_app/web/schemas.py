@@ -19,6 +19,7 @@ from queue_app import limits
 from queue_app.providers.catalogue import CATALOGUE
 from queue_app.selectors.job_list import JOB_FILTER_STATES, MAX_PER_PAGE
 from queue_app.services.errors import ServiceError
+from queue_app.sizes import human_bytes
 
 MAX_ID = 2**62
 
@@ -172,7 +173,7 @@ class DraftOptions(Schema):
         max_length=limits.REFERENCES,
         description=(
             f"reference images, at most {limits.REFERENCES}: ref:<sha256> (an upload: POST /api/references takes one "
-            f"image of up to {limits.REFERENCE_BYTES // 2**20} MB), album:<id> (an album image), a data: URI (stored as "
+            f"image of up to {human_bytes(limits.REFERENCE_BYTES)}), album:<id> (an album image), a data: URI (stored as "
             f"an upload; it counts against the body's {limits.REQUEST_BYTES // 2**20} MiB) or an http(s) URL"
         ),
     )

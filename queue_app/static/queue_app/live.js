@@ -19,6 +19,7 @@
     const label = root.dataset.liveState ? document.getElementById(root.dataset.liveState) : null;
     let last = Number(root.dataset.liveAfter || 0);
     let retry = BACKOFF_FIRST_MS, fallback = null, pending = null, loading = false, again = false;
+    const details = {};  // {job id: what its progress is of (ComfyUI: the node)}
     window.__liveSeen = window.__liveSeen || {};  // {job id: {status, at}}: what the socket told (tests read it)
 
     function say(text, live) {
@@ -58,8 +59,10 @@
 
     function schedule() { clearTimeout(pending); pending = setTimeout(load, DEBOUNCE_MS); }
 
+    // A job page follows its job, and what concerns the whole project (a ComfyUI
+    // instance gone or back, the project finished): events without a job.
     function applyEvent(event) {
-      if (onlyJob && event.job !== onlyJob) return;
+      if (onlyJob && event.job && event.job !== onlyJob) return;
       if (event.job && event.status) {
         window.__liveSeen[event.job] = { status: event.status, at: Date.now() };
         root.querySelectorAll(`[data-job="${event.job}"] .chip[data-status]`).forEach((chip) => {
@@ -74,8 +77,10 @@
       const percent = Math.round(100 * event.progress) + "%";
       const bar = root.querySelector(`[data-job="${event.job}"] .progress > i`);
       if (bar) bar.style.width = percent;
+      // the relay's ticks (embedded set-up) carry no detail: the last one said stays
+      if (event.detail) details[event.job] = event.detail;
       const text = root.querySelector(`[data-job="${event.job}"] [data-progress-label]`);
-      if (text) text.textContent = percent + (event.detail ? " · " + event.detail : "");
+      if (text) text.textContent = percent + (details[event.job] ? " · " + details[event.job] : "");
     }
 
     function startFallback() { if (!fallback) fallback = setInterval(() => { if (!document.hidden) load(); }, POLL_MS); }

@@ -1,16 +1,15 @@
 """The live-event relay, run inside each daphne process.
 
-Workers and the queue service broadcast their events on commit through the channel
-layer. With Redis that reaches every daphne; in the embedded default the layer is
-in-memory, so a worker process's broadcast reaches nobody. The event rows are the truth
-(events.py), so daphne relays them itself: while this process has subscribers, one query
-per tick reads the event counters of their projects, and a project whose counter moved
-gets one `project.advance` message; each consumer then reads the rows it has not sent
-yet (consumers.py). One small query per tick, not one per socket.
+In the embedded default the channel layer is in-memory, so a worker's or the queue
+service's broadcast reaches nobody. The event rows are the truth (events.py), so daphne
+relays them: while it has subscribers, one query per tick reads their projects' event
+counters, and a project whose counter moved gets one `project.advance` message (each
+consumer then reads the rows it has not sent). Progress is not an event, but the job row
+keeps the latest fraction (a ComfyUI node's steps, a detached task's progress): the same
+tick sends each processing job's fraction that moved as a `project.progress` message.
 
-With Redis the relay still runs, more slowly: every layer drops messages when a
-channel is full (a burst of hundreds of events), and the relay is what makes a socket
-converge after such a drop.
+With Redis the relay still runs, more slowly: a full channel drops messages (a burst of
+hundreds of events), and the relay is what makes a socket converge after such a drop.
 """
 
 import asyncio
@@ -22,12 +21,13 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from queue_app.engine import events
-from queue_app.models import EventCounter
+from queue_app.models import EventCounter, Job, Status
 
 log = logging.getLogger(__name__)
 
 _subscribers: Counter = Counter()
 _cursor: dict[int, int] = {}
+_progress: dict[str, float] = {}  # job id: the fraction last relayed
 _task: asyncio.Task | None = None
 
 
@@ -46,6 +46,8 @@ def unsubscribe(project_id: int) -> None:
     if _subscribers[project_id] <= 0:
         del _subscribers[project_id]
         _cursor.pop(project_id, None)
+        if not _subscribers:
+            _progress.clear()
 
 
 def _ensure_running() -> None:
@@ -75,12 +77,18 @@ def _counters(project_ids: list[int]) -> list[tuple[int, int]]:
     return list(EventCounter.objects.filter(project_id__in=project_ids).values_list("project_id", "last"))
 
 
+def _fractions(project_ids: list[int]) -> list[tuple[int, object, float]]:
+    running = Job.objects.filter(project_id__in=project_ids, status=Status.PROCESSING, progress__isnull=False)
+    return list(running.values_list("project_id", "id", "progress")[:2000])
+
+
 async def relay_once() -> int:
-    """One tick: tell each subscribed project whose counter moved. Returns how many."""
+    """One tick: tell each subscribed project whose counter moved, and each job whose
+    progress moved. Returns how many messages went out."""
     projects = list(_subscribers)
     if not projects:
         return 0
-    rows = await database_sync_to_async(_counters)(projects)
+    rows, fractions = await database_sync_to_async(lambda: (_counters(projects), _fractions(projects)))()
     layer = get_channel_layer()
     advanced = 0
     for project_id, last in rows:
@@ -89,6 +97,15 @@ async def relay_once() -> int:
         _cursor[project_id] = last
         await layer.group_send(events.group_name(project_id), {"type": "project.advance", "seq": last})
         advanced += 1
+    for project_id, job_id, fraction in fractions:
+        if _progress.get(str(job_id)) == fraction or project_id not in _subscribers:
+            continue
+        _progress[str(job_id)] = fraction
+        message = {"project": project_id, "kind": "job.progress", "job": str(job_id), "progress": fraction}
+        await layer.group_send(events.group_name(project_id), {"type": "project.progress", "event": message})
+        advanced += 1
+    if len(_progress) > 10 * max(len(fractions), 100):
+        _progress.clear()  # finished jobs' entries: cleared now and then, a resend is harmless
     return advanced
 
 
@@ -100,3 +117,4 @@ def reset() -> None:
         _task = None
     _subscribers.clear()
     _cursor.clear()
+    _progress.clear()
