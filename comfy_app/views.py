@@ -26,7 +26,7 @@ class ComfySettingsForm(forms.Form):
     username = forms.CharField(max_length=200, required=False)
     password = forms.CharField(
         required=False,
-        widget=forms.PasswordInput(render_value=False),
+        widget=forms.PasswordInput(render_value=True, attrs={"autocomplete": "off"}),  # kept when shown again
         help_text="Write-only. A bcrypt hash is sent as a Bearer token, anything else logs in through ComfyUI-Login.",
     )
     clear_password = forms.BooleanField(required=False, label="Remove the stored password")
@@ -79,33 +79,72 @@ def comfy_settings(request, project_id):
                 kept = {**data, "workflow": workflow_text, "bindings": json.dumps(bindings, indent=2) if bindings else ""}
                 form = ComfySettingsForm(initial={k: v for k, v in kept.items() if k not in ("password", "workflow_file")})
             else:
-                try:
-                    services.comfy_settings_save(
-                        user=request.user,
-                        project=project,
-                        base_url=data["base_url"],
-                        username=data["username"],
-                        password=data["password"] or None,
-                        clear_password=data["clear_password"],
-                        workflow_json=workflow_text,
-                        bindings=bindings,
-                        include_video=data["include_video"],
-                    )
-                    messages.success(request, "ComfyUI settings saved")
+                saved, form = _save(request, project, data, workflow_text, bindings, initial)
+                if saved:
                     return redirect("comfy_settings", project_id=project.id)
-                except ServiceError as error:
-                    form.add_error(None, error.message)
+    if request.POST.get("action") == "test" and request.headers.get("X-Requested-With") == "fetch":
+        # the page's background test: the answer alone (the form's own errors when it has any)
+        if test_result is None:
+            errors = [str(e) for field_errors in form.errors.values() for e in field_errors]
+            return JsonResponse({"ok": False, "text": "; ".join(errors) or "the form has errors"})
+        return JsonResponse({"ok": test_result["ok"], "text": connection_text(test_result)})
     context = {
         "project": project,
         "instance": instance,
         "form": form,
         "password_hint": "set" if instance.password_encrypted else "",
         "test_result": test_result,
+        "connection_text": connection_text(test_result) if test_result else "",
         "picker": setup.picker_rows(workflow if isinstance(workflow, dict) else {}, bindings or []),
         "choices": [(name, label) for name, (_, _, label) in setup.CHOICES.items()],
         "allowed_hosts_where": allowed_hosts.WHERE,
     }
     return render(request, "comfy_app/settings.html", context)
+
+
+def _save(request, project, data: dict, workflow_text: str, bindings, initial: dict) -> tuple[bool, ComfySettingsForm | None]:
+    """(saved, the form shown again when not): a refusal (an address not allowed, say)
+    keeps all that was sent, the uploaded workflow included."""
+    try:
+        services.comfy_settings_save(
+            user=request.user,
+            project=project,
+            base_url=data["base_url"],
+            username=data["username"],
+            password=data["password"] or None,
+            clear_password=data["clear_password"],
+            workflow_json=workflow_text,
+            bindings=bindings,
+            include_video=data["include_video"],
+        )
+    except ServiceError as error:
+        form = _form_kept(request, initial, workflow_text, bindings)
+        form.add_error(None, error.message)
+        return False, form
+    messages.success(request, "ComfyUI settings saved")
+    return True, None
+
+
+def _form_kept(request, initial: dict, workflow_text: str, bindings) -> ComfySettingsForm:
+    """The posted form shown again with the workflow as it was read: an uploaded file's
+    text goes into the workflow field, since a file input cannot be filled again."""
+    data = request.POST.copy()
+    data["workflow"] = workflow_text
+    data["bindings"] = json.dumps(bindings, indent=2) if bindings else ""
+    form = ComfySettingsForm(data, initial=initial)
+    form.is_valid()
+    return form
+
+
+def connection_text(result: dict) -> str:
+    """What a connection test found, in one sentence (the client's own reason already
+    names the address when it could not reach it)."""
+    if result["ok"]:
+        free = result.get("vram_free")
+        vram = f", {free / 1024**3:.1f} GB VRAM free" if isinstance(free, int | float) and free else ""
+        return f"Connected to ComfyUI {result['version']} on {result['device']}{vram}. Nothing is saved yet."
+    url, error = result.get("url") or "", result.get("error") or "no answer"
+    return error if url and url in error else f"Cannot connect to {url or 'ComfyUI'}: {error}"
 
 
 def _tested(user, project, **form) -> dict:
@@ -136,15 +175,7 @@ def comfy_test(request, project_id):
     result = _tested(request.user, project, base_url=request.POST.get("base_url") or None)
     if request.headers.get("accept", "").startswith("application/json"):
         return JsonResponse(result)
-    if result["ok"]:
-        free = result["vram_free"]
-        messages.success(
-            request,
-            f"Connected to ComfyUI {result['version']} on {result['device']}"
-            + (f", {free / 1024**3:.1f} GB VRAM free" if isinstance(free, int | float) else ""),
-        )
-    else:
-        messages.error(request, f"Cannot connect to {result['url'] or 'ComfyUI'}: {result['error']}")
+    (messages.success if result["ok"] else messages.error)(request, connection_text(result))
     return redirect("comfy_settings", project_id=project.id)
 
 

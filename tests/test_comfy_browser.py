@@ -42,7 +42,10 @@ def test_a_comfyui_project_is_set_up_from_an_uploaded_workflow_with_the_picker_a
         page.set_input_files("input[name=workflow_file]", str(exported))
         page.click("button[value=save]")
         assert "must first be allowed by staff" in page.inner_text("main")  # refused, and told where
-        page.goto(f"{base}/comfy/allowed-hosts/")
+        assert json.loads(page.input_value("textarea[name=workflow]")) == WORKFLOW  # the upload is kept
+        assert page.eval_on_selector("textarea[name=workflow]", "t => t.getBoundingClientRect().width") > 600  # styled
+        page.click("#nav-allowed-hosts")  # where the refusal said, in the navigation
+        page.wait_for_url(f"{base}/comfy/allowed-hosts/")
         page.fill("#allow-host input[name=address]", f"127.0.0.1:{fake.port}")
         page.click("#allow-host button[type=submit]")
         page.wait_for_selector(f'tr[data-host="127.0.0.1:{fake.port}"]')
@@ -55,6 +58,11 @@ def test_a_comfyui_project_is_set_up_from_an_uploaded_workflow_with_the_picker_a
         page.click("#test-connection")
         page.wait_for_selector("#test-result[data-ok=yes]")
         assert page.input_value('select[name="bind:1:width"]') == "width"  # the form survived the test
+        sent = []
+        page.on("request", lambda request: sent.append(request.method))
+        page.reload()  # the test was asked in the background: a reload sends nothing again
+        assert "POST" not in sent
+        page.select_option('select[name="bind:1:width"]', "width")  # the saved workflow's picker, chosen again
         page.click("button[value=save]")
         page.wait_for_selector('select[name="bind:1:width"] option[value=width][selected]', state="attached")
     finally:

@@ -128,7 +128,10 @@ def check_url(url: str) -> None:
         raise UnsafeURL(f"bad port in {_shown(url)!r}") from None
     plain_http_allowed = settings.OUTBOUND_ALLOW_HTTP or allowlisted(host, port, scheme="http")
     if parts.scheme != "https" and not (parts.scheme == "http" and plain_http_allowed):
-        raise UnsafeURL(f"only https URLs are allowed, not {parts.scheme!r}")
+        raise UnsafeURL(
+            f"only https URLs are allowed, not {parts.scheme!r}: plain http to a host needs it on OUTBOUND_ALLOWLIST "
+            f"as http://{host}{f':{port}' if port else ''} (read at start: restart the processes after changing it)"
+        )
     if allowlisted(host, port):
         return
     try:
@@ -138,7 +141,10 @@ def check_url(url: str) -> None:
     if not addresses:
         raise Unresolved(f"cannot resolve {host!r}")
     if not all(public_address(address) for address in addresses):
-        raise UnsafeURL(f"address not allowed: {host!r} is not a public address")
+        raise UnsafeURL(
+            f"address not allowed: {host!r} is not a public address (a private host needs to be on OUTBOUND_ALLOWLIST, "
+            "read at start: restart the processes after changing it)"
+        )
 
 
 def plain_address(url: str) -> str:

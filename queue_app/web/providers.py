@@ -23,10 +23,17 @@ from queue_app.web.shortcuts import own
 class ProviderForm(ProviderUrlMixin, forms.Form):
     name = forms.CharField(max_length=100)
     family = forms.ChoiceField(choices=Family.choices)
+    # A form shown again with an error keeps the key typed into it (only what this request
+    # sent: a stored key is never rendered).
     api_key = forms.CharField(
-        label="API key", required=False, strip=True, widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"})
+        label="API key", required=False, strip=True, widget=forms.PasswordInput(render_value=True, attrs={"autocomplete": "off"})
     )
-    api_secret = forms.CharField(label="API secret", required=False, strip=True, widget=forms.PasswordInput(render_value=False))
+    api_secret = forms.CharField(
+        label="API secret",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=True, attrs={"autocomplete": "off"}),
+    )
     base_url = forms.CharField(label="Base URL", required=False, max_length=200, help_text="blank: the family's public API")
     # plain numbers here; the service says what the allowed range is, in words
     concurrency = forms.IntegerField(initial=1, help_text=f"jobs at once, 1 to {limits.CONCURRENCY.high}")
