@@ -299,6 +299,19 @@ class Books:
         )
         line("unexplained_extra_submissions", unexplained, "submissions", "must be 0")
         self.check("submissions", unexplained == 0, f"{unexplained} extra submission(s) without a cause")
+        self.paid_by_family(jobs)
+
+    def paid_by_family(self, jobs):
+        from bench.chaos_paid import extra_paid_by_family, has_lookup
+
+        family_of_job = {str(job_id): family for job_id, family in jobs.values_list("id", "project__provider__family")}
+        family_of_token = {token: family_of_job.get(str(job_id), "?") for token, job_id in self.job_by_token.items()}
+        for family, extra in sorted(extra_paid_by_family(self.fake, family_of_token).items()):
+            if has_lookup(family):
+                line(f"extra_paid_submissions_{family}", extra, "submissions", "must be 0: a lookup before paying again")
+                self.check(f"paid twice ({family})", extra == 0, f"{extra} extra paid submission(s) despite the lookup")
+            else:
+                line(f"extra_paid_submissions_{family}", extra, "submissions", "no lookup: each after a kill or lost answer")
 
     def resubmission_cause(self, outcome: str, reason: str) -> bool:
         """An attempt that explains one more paid submission of its job (the fault runs of

@@ -51,3 +51,32 @@ def test_a_task_any_job_or_attempt_stored_is_not_adopted_again(owner):
     assert reconcile.candidates(adapter, resolved("replicate"), mine.id, 3) == ["free"]
     assert reconcile.candidates(SimpleNamespace(), resolved("openai"), mine.id, 3) == []
     assert other.task_id == "held"
+
+
+@pytest.mark.django_db(transaction=True)  # dispatch runs on commit
+def test_an_ambiguous_answer_is_looked_up_at_once_and_the_job_keeps_its_slot(owner, settings, inline_tasks):
+    from queue_app.models import Job, Provider
+    from queue_app.services.jobs import jobs_start
+    from tests.conftest import make_drafts
+    from tests.fakes.chaos_provider import ChaosProvider
+
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
+    fake = ChaosProvider(seed=3).start()
+    try:
+        # Every create is accepted and its answer cut short: ambiguous to the adapter.
+        fake.configure("rep-key", family="replicate", latency=(5, 6), create_faults={"malformed": 1.0})
+        provider = Provider(owner=owner, name="r", family="replicate", base_url=f"{fake.url}/v1", concurrency=1)
+        provider.api_key = "rep-key"
+        provider.save()
+        project = make_project(owner, provider, model="black-forest-labs/flux-schnell")
+        [job] = make_drafts(project, prompt="chaos-job-1 a fox")
+        jobs_start(user=owner, project=project, all_drafts=True)
+        inline_tasks.run()
+        job = Job.objects.get(id=job.id)
+        [prediction] = fake.predictions
+        assert fake.create_outcomes() == {"malformed": 1}
+    finally:
+        fake.stop()
+    # Adopted by the attempt that got the ambiguous answer: detached, its slot kept.
+    assert (job.status, job.task_id, job.attempts) == (Status.PROCESSING, prediction, 1)
+    assert list(JobAttempt.objects.filter(job=job).values_list("outcome", "task_id")) == [("detached", prediction)]

@@ -49,6 +49,21 @@ def candidates(adapter, request, job_id, number: int) -> list[str]:
     return unheld(found)
 
 
+def own(adapter, request, job_id, attempt) -> list[str]:
+    """After an ambiguous answer, this attempt's own task, found at once so that the job
+    keeps its slot (a requeue would free it while the task runs at the provider). Empty
+    when none is found or the provider cannot be asked now: the next attempt looks again."""
+    if not callable(getattr(adapter, "find_submitted", None)):
+        return []
+    from queue_app.providers.base import ProviderError
+
+    try:
+        found = providers.call(request, adapter.find_submitted, request, request.tag, attempt.started_at - CLOCK_MARGIN)
+    except ProviderError:
+        return []
+    return unheld(found)
+
+
 def unheld(task_ids: list[str]) -> list[str]:
     """The ids no job and no attempt has stored: a task another job holds (or one this job
     stored and saw fail) is not adopted again."""

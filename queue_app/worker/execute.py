@@ -202,17 +202,30 @@ def _adopt(adapter, job: Job, request):
 def _reconcile_or_submit(adapter, job: Job, request, attempt: JobAttempt):
     """Before paying again: a task an earlier attempt may have created is adopted — polled
     if running, collected if finished — and a fresh submission is made only when none is
-    found (or every one found is dead)."""
-    for task_id in reconcile.candidates(adapter, request, job.id, attempt.number):
+    found (or every one found is dead). An ambiguous answer is looked up at once."""
+    adopted = _adopt_first(adapter, job, request, attempt, reconcile.candidates(adapter, request, job.id, attempt.number))
+    if adopted is not None:
+        return adopted
+    try:
+        return providers.call(request, adapter.submit, request)
+    except AmbiguousError:
+        adopted = _adopt_first(adapter, job, request, attempt, reconcile.own(adapter, request, job.id, attempt))
+        if adopted is None:
+            raise
+        return adopted
+
+
+def _adopt_first(adapter, job: Job, request, attempt: JobAttempt, task_ids: list[str]):
+    for task_id in task_ids:
         try:
             state = providers.call(request, adapter.check, task_id, request)
         except ProviderError:
             state = Running()  # it exists: keep it and let the poller look again
         if isinstance(state, (Finished, Running)):
-            log.info("job %s: adopted task %s of an earlier attempt instead of submitting again", job.id, task_id)
+            log.info("job %s: adopted task %s instead of submitting again", job.id, task_id)
             attempt_adopted(attempt.id, task_id=task_id)
             return state if isinstance(state, Finished) else Submitted(task_id=task_id)
-    return providers.call(request, adapter.submit, request)
+    return None
 
 
 def _handle_failure(job: Job, token, provider: Provider, attempt: JobAttempt, error: ProviderError) -> int | None:

@@ -266,6 +266,16 @@ class ChaosProvider:
             causes[job] = causes.get(job, 0) + 1
         return causes
 
+    def failed_tasks_per_job(self) -> dict[str, int]:
+        """Per job token, its tasks that failed remotely and were seen failing (a poll, or
+        the create's own answer): each entitles the job to one fresh submission."""
+        counts: dict[str, int] = {}
+        with self.lock:
+            for p in self.predictions.values():
+                if p.failed and p.job and (p.polls or p.delivered_terminal):
+                    counts[p.job] = counts.get(p.job, 0) + 1
+        return counts
+
     def create_outcomes(self, key: str | None = None) -> dict[str, int]:
         counts: dict[str, int] = {}
         for row in self.entries(key, "create"):
