@@ -96,6 +96,16 @@ def attempt_adopted(attempt_id, *, task_id: str) -> bool:
     return bool(model_sql.update(JobAttempt, dict(id=attempt_id, outcome=Outcome.RUNNING), dict(task_id=task_id)))
 
 
+def attempt_orphan_settled(attempt_id, *, task_id: str, note: str) -> bool:
+    """An ended attempt's lost task was found after its job ended (and cancelled): the row
+    names it, so it is neither looked up nor adopted again (queue_service/orphans.py)."""
+    row = JobAttempt.objects.filter(id=attempt_id, task_id="").values_list("reason", flat=True).first()
+    if row is None:
+        return False
+    reason = f"{row}; {note}" if row else note
+    return bool(JobAttempt.objects.filter(id=attempt_id, task_id="").update(task_id=task_id, reason=reason[:2000]))
+
+
 def attempts_close_open(job_ids, *, outcome: Outcome, reason: str) -> int:
     """The open attempts of these jobs end with `outcome` (a check's finding, a cancel)."""
     return JobAttempt.objects.filter(job_id__in=list(job_ids), finished_at__isnull=True).update(

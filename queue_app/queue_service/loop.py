@@ -9,7 +9,8 @@ work of dead processes (DEAD_OWNER_SECONDS); the dispatch safety net
 (DISPATCH_SAFETY_NET_SECONDS); a wake when a cool-down or backoff ends (wake_schedule);
 every second, due detached polls, runner ticks and finish notifications; every minute, up
 to 50 uploaded reference images no job named for a day (storage.references_prune); every
-10 minutes, the pruning of day-old live events.
+15 s, tasks left at a provider by jobs that ended (orphans.sweep); every 10 minutes, the
+pruning of day-old live events.
 """
 
 import logging
@@ -26,7 +27,7 @@ from queue_app.engine import dispatch, heartbeats, runner_registry, wake_schedul
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
-from queue_app.queue_service import poll_pool, recovery
+from queue_app.queue_service import orphans, poll_pool, recovery
 from queue_app.services.storage import references_prune
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,9 @@ class QueueService:
     def step_prune_references(self, now=None) -> bool:
         return references_prune(now=now, batch=REFERENCE_BATCH) > 0
 
+    def step_orphans(self) -> bool:
+        return orphans.sweep() > 0
+
     def step_notify(self, now=None) -> bool:
         # Pushes are sent on the sender's own threads; this step only starts them.
         if self.push_sender is None:
@@ -162,6 +166,8 @@ class QueueService:
             self.step_prune()
         if self.due("prune_references", 60):
             did = self.step_prune_references() or did
+        if self.due("orphans", orphans.SWEEP_SECONDS):
+            did = self.step_orphans() or did
         return did
 
     def recover_on_start(self) -> dict | None:

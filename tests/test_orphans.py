@@ -1,0 +1,54 @@
+"""Orphans (queue_service/orphans.py): a task a lost submission left at the provider is
+cancelled there once its job has ended, and left for the job's own next attempt to adopt
+while the job still waits."""
+
+import pytest
+import requests
+from django.utils import timezone
+
+from queue_app.models import ErrorClass, JobAttempt, Provider, Status
+from queue_app.queue_service import orphans
+from tests.conftest import make_job, make_project
+from tests.fakes.chaos_provider import ChaosProvider
+
+pytestmark = pytest.mark.django_db
+FLUX = "black-forest-labs/flux-schnell"
+
+
+@pytest.fixture
+def fake(settings):
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
+    server = ChaosProvider(seed=5).start()
+    server.configure("rep-key", family="replicate", latency=(60, 61))  # still running when swept
+    yield server
+    server.stop()
+
+
+def _lost_submission(owner, fake, status, **fields):
+    """A job whose attempt 1 created a prediction at the fake and died before storing its id."""
+    provider = Provider(owner=owner, name="r", family="replicate", base_url=f"{fake.url}/v1", concurrency=1)
+    provider.api_key = "rep-key"
+    provider.save()
+    project = make_project(owner, provider, model=FLUX)
+    job = make_job(project, status, resolved={"model": FLUX, "kind": "image"}, **fields)
+    now = timezone.now()
+    JobAttempt.objects.create(job=job, number=1, outcome=JobAttempt.Outcome.INTERRUPTED, provider_id=provider.id, finished_at=now)
+    body = {"version": FLUX, "input": {"prompt": job.prompt}}
+    created = requests.post(f"{fake.url}/v1/predictions", json=body, headers={"Authorization": "Bearer rep-key"}, timeout=5)
+    return job, created.json()["id"]
+
+
+def test_a_cancelled_jobs_lost_task_is_cancelled_at_the_provider_once(owner, fake):
+    job, prediction = _lost_submission(owner, fake, Status.FAILED, error_class=ErrorClass.CANCELLED)
+    assert orphans.sweep() == 1
+    assert fake.predictions[prediction].canceled
+    attempt = JobAttempt.objects.get(job=job)
+    assert attempt.task_id == prediction and "cancelled at the provider" in attempt.reason
+    assert orphans.sweep() == 0  # settled: the row names it now
+
+
+def test_a_waiting_jobs_lost_task_is_left_for_its_next_attempt_to_adopt(owner, fake):
+    job, prediction = _lost_submission(owner, fake, Status.PENDING)
+    assert orphans.sweep() == 0
+    assert not fake.predictions[prediction].canceled
+    assert JobAttempt.objects.get(job=job).task_id == ""
