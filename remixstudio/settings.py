@@ -368,6 +368,9 @@ ALERT_FAILURE_RATE = envfloat("ALERT_FAILURE_RATE", 0.5)
 ALERT_MIN_ATTEMPTS = envint("ALERT_MIN_ATTEMPTS", 5)
 # The monitor's charts (attempt log) are recomputed at most this often per user and range.
 HISTORY_CACHE_SECONDS = envfloat("HISTORY_CACHE_SECONDS", 10)
+# Ended attempts of completed jobs older than this are deleted (their counts kept in the
+# tallies); 0 keeps them all.
+ATTEMPT_RETENTION_DAYS = envfloat("ATTEMPT_RETENTION_DAYS", 30)
 
 LOGGING = {
     "version": 1,

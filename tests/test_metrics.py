@@ -76,15 +76,27 @@ def test_a_scrape_after_a_run_matches_the_queue_status_selector(client, ran):
     assert provider_sample(samples, "rsq_provider_cooling_down", ran["fast"]) == 0
     assert provider_sample(samples, "rsq_provider_oldest_queued_age_seconds", ran["fast"]) == 0
     assert samples[("rsq_jobs", (("state", "failed"),))] == status["totals"]["failed"] == 2
+    # the states partition the open jobs: no parent (pending, processing) beside its children
+    states = {dict(labels)["state"]: value for (name, labels), value in samples.items() if name == "rsq_jobs"}
+    assert set(states) == {"queued", "waiting", "running", "stalled", "detached", "failed"}
+    assert sum(states.values()) == Job.objects.filter(status__in=(Status.PENDING, Status.PROCESSING, Status.FAILED)).count()
+    paused_states = {
+        dict(labels)["state"]: value
+        for (name, labels), value in samples.items()
+        if name == "rsq_provider_jobs" and ("provider_id", str(ran["paused"].id)) in labels
+    }
+    assert paused_states["waiting"] == 3 and sum(paused_states.values()) == 3
     assert samples[("rsq_live_processes", (("role", "worker"),))] == 1
     assert samples[("rsq_live_processes", (("role", "queue_service"),))] == 1
 
 
 def test_attempt_counters_and_histograms_come_from_the_attempt_log(client, ran):
     samples = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    assert samples[("rsq_attempts_total", (("outcome", "completed"),))] == 4
-    assert samples[("rsq_attempts_total", (("outcome", "permanent"),))] == 2
-    assert samples[("rsq_attempts_total", (("outcome", "lost"),))] == 0
+    fast, broken = str(ran["fast"].id), str(ran["broken"].id)
+    assert samples[("rsq_attempts_total", (("outcome", "completed"), ("provider_id", fast)))] == 4
+    assert samples[("rsq_attempts_total", (("outcome", "permanent"), ("provider_id", broken)))] == 2
+    assert not [key for key in samples if key[0] == "rsq_attempts_total" and ("outcome", "running") in key[1]]
+    assert samples[("rsq_open_attempts", (("phase", "submit"),))] == 0
     finished = JobAttempt.objects.exclude(outcome="running").count()
     assert samples[("rsq_attempt_run_seconds_count", ())] == finished == 6
     assert samples[("rsq_attempt_run_seconds_bucket", (("le", "+Inf"),))] == 6
@@ -118,6 +130,26 @@ def test_alerts_flag_a_failing_provider_and_a_long_wait(client, ran, settings):
     assert provider_sample(samples, "rsq_provider_alert", ran["paused"], alert="wait") == 0  # paused jobs are not queued
 
 
+def test_the_oldest_pending_age_counts_every_pending_job_and_names_what_blocks_it(client, ran):
+    Job.objects.filter(project__provider=ran["paused"]).update(queued_at=timezone.now() - timedelta(minutes=11))
+    samples = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    paused = provider_sample(samples, "rsq_provider_oldest_pending_age_seconds", ran["paused"], reason="paused")
+    assert 11 * 60 <= paused < 12 * 60
+    assert provider_sample(samples, "rsq_provider_oldest_queued_age_seconds", ran["paused"]) == 0  # dispatchable only
+    assert provider_sample(samples, "rsq_provider_oldest_pending_age_seconds", ran["fast"], reason="none") == 0
+
+
+def test_a_full_worker_outage_still_reports_the_oldest_wait(client, ran):
+    from queue_app.models import Heartbeat
+
+    Provider.objects.filter(id=ran["paused"].id).update(paused=False)
+    Job.objects.filter(project__provider=ran["paused"]).update(queued_at=timezone.now() - timedelta(minutes=3))
+    Heartbeat.objects.filter(role="worker").delete()
+    samples = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    age = provider_sample(samples, "rsq_provider_oldest_pending_age_seconds", ran["paused"], reason="no_worker")
+    assert age >= 180
+
+
 def test_metrics_refuse_a_missing_or_wrong_token_and_a_non_staff_session(client, owner, staff, settings):
     settings.METRICS_TOKEN = TOKEN
     assert client.get("/metrics").status_code == 401
@@ -135,12 +167,12 @@ def test_an_unset_token_lets_no_bearer_in(client, settings):
 
 def test_a_scrape_costs_a_constant_number_of_queries(client, ran, owner, django_assert_max_num_queries):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
-    with django_assert_max_num_queries(12):
+    with django_assert_max_num_queries(16):
         scrape(client, **headers)
     more = make_project(owner, make_provider(owner, name="More"), name="More")
     make_drafts(more, 20)
     jobs_start(user=owner, project=more, all_drafts=True)
-    with django_assert_max_num_queries(12):
+    with django_assert_max_num_queries(16):
         scrape(client, **headers)
 
 

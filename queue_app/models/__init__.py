@@ -6,7 +6,8 @@
 - `album` — album items and uploaded reference images;
 - `events` — the live-event outbox and process heartbeats;
 - `access` — API tokens and idempotency keys;
-- `notifications` — VAPID keys, push subscriptions, project runs and the push outbox.
+- `notifications` — VAPID keys, push subscriptions, project runs and the push outbox;
+- `tallies` — the counts of deleted attempts, kept for the history and /metrics.
 
 A job's `status` is never assigned here or anywhere but `queue_app.engine.transitions`.
 Everything is imported here, so `from queue_app.models import Job` works as before and the
@@ -19,11 +20,13 @@ from queue_app.models.choices import ErrorClass, Family, Kind, Status
 from queue_app.models.events import EventCounter, Heartbeat, ProjectEvent
 from queue_app.models.notifications import ProjectRun, PushOutbox, PushSubscription, VapidKeys
 from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider, fence
+from queue_app.models.tallies import AttemptTally
 
 __all__ = [
     "AccountSettings",
     "AlbumItem",
     "ApiToken",
+    "AttemptTally",
     "ErrorClass",
     "EventCounter",
     "fence",

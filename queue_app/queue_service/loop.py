@@ -10,7 +10,8 @@ work of dead processes (DEAD_OWNER_SECONDS); the dispatch safety net
 every second, due detached polls, runner ticks and finish notifications; every minute, up
 to 50 uploaded reference images no job named for a day (storage.references_prune); every
 15 s, tasks left at a provider by jobs that ended (orphans.sweep); every 10 minutes, the
-pruning of day-old live events.
+pruning of day-old live events; every minute, up to ATTEMPT_PRUNE_BATCHES batches of
+attempts older than ATTEMPT_RETENTION_DAYS (their counts kept in the tallies).
 """
 
 import logging
@@ -23,7 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from queue_app.engine import dispatch, heartbeats, runner_registry, wake_schedule
+from queue_app.engine import attempt_tally, dispatch, heartbeats, runner_registry, wake_schedule
 from queue_app.engine.clock import db_now
 from queue_app.models import Heartbeat, ProjectEvent
 from queue_app.notifications import outbox
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 EVENT_RETENTION = timedelta(days=1)
 REFERENCE_BATCH = 50  # unused uploads removed per minute at most: a short statement each
+ATTEMPT_BATCH, ATTEMPT_PRUNE_BATCHES = 500, 10  # short transactions, 5,000 attempts a minute at most
 # How often the schedule of wake moments is re-read (cool-downs and backoffs written by
 # workers meanwhile), and how long the idle loop sleeps at most.
 WAKE_REFRESH_SECONDS = 0.25
@@ -131,6 +133,18 @@ class QueueService:
         deleted, _ = ProjectEvent.objects.filter(created_at__lt=timezone.now() - EVENT_RETENTION).delete()
         return deleted > 0
 
+    def step_prune_attempts(self, now=None) -> bool:
+        days = settings.ATTEMPT_RETENTION_DAYS
+        if days <= 0:
+            return False
+        pruned = 0
+        for _ in range(ATTEMPT_PRUNE_BATCHES):
+            done = attempt_tally.prune(older_than=timedelta(days=days), batch=ATTEMPT_BATCH, now=now)
+            pruned += done
+            if done < ATTEMPT_BATCH:
+                break
+        return pruned > 0
+
     def step_prune_references(self, now=None) -> bool:
         return references_prune(now=now, batch=REFERENCE_BATCH) > 0
 
@@ -164,6 +178,8 @@ class QueueService:
             did = self.step_notify() or did
         if self.due("prune", 600):
             self.step_prune()
+        if self.due("prune_attempts", 60):
+            did = self.step_prune_attempts() or did
         if self.due("prune_references", 60):
             did = self.step_prune_references() or did
         if self.due("orphans", orphans.SWEEP_SECONDS):

@@ -12,9 +12,11 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, F, FloatField, Func, IntegerField, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
+from queue_app.engine import attempt_tally
+from queue_app.engine.duration_sql import EpochBin, LeBucket, durations
 from queue_app.models import JobAttempt
 
 Outcome = JobAttempt.Outcome
@@ -23,78 +25,14 @@ Outcome = JobAttempt.Outcome
 # "detached" attempt handed its remote task to the poller; "running" has not ended.
 FAILED_OUTCOMES = tuple(o.value for o in Outcome if o not in (Outcome.RUNNING, Outcome.COMPLETED, Outcome.DETACHED))
 
-WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-RUN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# The histograms' bounds, shared with the tallies of deleted attempts.
+WAIT_BUCKETS, RUN_BUCKETS = attempt_tally.WAIT_BUCKETS, attempt_tally.RUN_BUCKETS
 
 RANGES = {
     # name: (window, bin) — a bin of the day chart is 15 minutes: 96 points, not 1,440
     "hour": (timedelta(hours=1), timedelta(minutes=1)),
     "day": (timedelta(days=1), timedelta(minutes=15)),
 }
-
-
-class EpochSeconds(Func):
-    """A timestamp as seconds since 1970, in the database's own arithmetic. Django's
-    datetime subtraction and TruncMinute run a Python function per row on SQLite; over a
-    day of attempts that cost the monitor a second and more (julianday is native)."""
-
-    output_field = FloatField()
-    template = "EXTRACT(EPOCH FROM %(expressions)s)"
-
-    def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra)
-
-
-class Seconds(Func):
-    """`end - start` in seconds (a float), natively on PostgreSQL and SQLite."""
-
-    output_field = FloatField()
-    arg_joiner = " - "
-    template = "(%(expressions)s)"
-
-    def __init__(self, end, start):
-        super().__init__(EpochSeconds(end), EpochSeconds(start))
-
-
-class EpochBin(Func):
-    """The number of the `step`-second bin a timestamp falls in (floor of epoch / step)."""
-
-    output_field = IntegerField()
-
-    def __init__(self, field, step: int):
-        super().__init__(EpochSeconds(field), step=int(step))
-
-    def as_sql(self, compiler, connection, **extra):
-        return super().as_sql(compiler, connection, template="FLOOR(%(expressions)s / %(step)s)", **extra)
-
-    def as_sqlite(self, compiler, connection, **extra):
-        # epochs are positive: truncation is the floor
-        return super().as_sql(compiler, connection, template="CAST(%(expressions)s / %(step)s AS INTEGER)", **extra)
-
-
-class LeBucket(Func):
-    """The index of the first bound a value is at most (Prometheus' `le`), len(bounds) past
-    the last bound or for NULL. On PostgreSQL one width_bucket over the negated bounds
-    (width_bucket counts the bounds <= its operand; negated, the bounds >= the value),
-    which evaluates the value once: a CASE of one WHEN per bound evaluated the duration up
-    to 14 times a row and was most of the run-time histogram's query."""
-
-    output_field = IntegerField()
-
-    def __init__(self, expression, bounds):
-        self.bounds = tuple(float(b) for b in bounds)
-        super().__init__(expression)
-
-    def as_sql(self, compiler, connection, **extra):
-        sql, params = compiler.compile(self.source_expressions[0])
-        whens = " ".join(f"WHEN ({sql}) <= {b!r} THEN {i}" for i, b in enumerate(self.bounds))
-        return f"CASE {whens} ELSE {len(self.bounds)} END", list(params) * len(self.bounds)
-
-    def as_postgresql(self, compiler, connection, **extra):
-        sql, params = compiler.compile(self.source_expressions[0])
-        negated = ",".join(repr(-b) for b in reversed(self.bounds))
-        n = len(self.bounds)
-        return f"COALESCE({n} - width_bucket(-({sql}), ARRAY[{negated}]::float8[]), {n})", list(params)
 
 
 def _visible(user):
@@ -109,19 +47,12 @@ def attempt_outcomes(*, user=None) -> dict:
 
 
 def _durations(kind: str, user):
-    """(queryset with a `d` annotation in seconds, the time field the window applies to)."""
-    attempts = _visible(user)
-    if kind == "wait":
-        # The job's first attempt (numbers run on across retries: a retry's wait is not
-        # counted), started after the job was queued.
-        attempts = attempts.filter(number=1, queued_at__isnull=False, started_at__gte=F("queued_at"))
-        return attempts.annotate(d=Seconds("started_at", "queued_at")), "started_at"
-    attempts = attempts.filter(finished_at__isnull=False)
-    return attempts.annotate(d=Seconds("finished_at", "started_at")), "finished_at"
+    """(queryset with `d` (seconds) and `ms` annotations, the time field the window applies to)."""
+    return durations(_visible(user), kind)
 
 
 def duration_histogram(kind: str, *, user=None, since=None) -> dict:
-    """{"buckets": [(upper bound seconds, cumulative count)...], "count", "sum"} of queue
+    """{"buckets": [(upper bound seconds, cumulative count)...], "count", "sum", "sum_ms"} of queue
     waits (`kind="wait"`) or run times (`kind="run"`), one query."""
     return duration_histograms(kind, user=user, since=since, by_provider=False)["all"]
 
@@ -136,12 +67,12 @@ def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool =
         attempts = attempts.filter(**{f"{field}__gte": since})
     bucket = LeBucket(F("d"), bounds)  # past the last bound: +Inf only
     keys = ["provider_id", "bucket"] if by_provider else ["bucket"]
-    rows = attempts.annotate(bucket=bucket).values(*keys).annotate(n=Count("id"), total=Sum("d")).order_by()
-    per: dict = defaultdict(lambda: {"counts": [0] * (len(bounds) + 1), "sum": 0.0})
+    rows = attempts.annotate(bucket=bucket).values(*keys).annotate(n=Count("id"), total=Sum("ms")).order_by()
+    per: dict = defaultdict(lambda: {"counts": [0] * (len(bounds) + 1), "ms": 0})
     for row in rows:
         for key in (row["provider_id"], "all") if by_provider else ("all",):
             per[key]["counts"][row["bucket"]] += row["n"]
-            per[key]["sum"] += float(row["total"] or 0.0)
+            per[key]["ms"] += int(row["total"] or 0)
     per["all"]  # an empty log still answers an empty histogram
     answer = {}
     for key, found in per.items():
@@ -149,7 +80,8 @@ def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool =
         for b, n in zip(bounds, found["counts"], strict=False):
             running += n
             cumulative.append((b, running))
-        answer[key] = {"buckets": cumulative, "count": sum(found["counts"]), "sum": found["sum"]}
+        count, ms = sum(found["counts"]), found["ms"]
+        answer[key] = {"buckets": cumulative, "count": count, "sum": ms / 1000, "sum_ms": ms}
     return answer
 
 

@@ -85,6 +85,8 @@ class _Tally:
     provider_oldest: dict = field(default_factory=dict)
     project_latest: dict = field(default_factory=dict)
     waiting_reasons: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    # per provider: (queued_at, reason code) of its oldest pending job, whatever blocks it
+    pending_oldest: dict = field(default_factory=dict)
     oldest_queued: datetime | None = None
 
     def add(self, row: dict, project: dict) -> None:
@@ -113,10 +115,12 @@ class _Tally:
         """ "waiting" (counted under its reason) or "queued" (its age kept)."""
         provider = self.providers.get(provider_id)
         reason = states.waiting_reason(provider=provider, kind=kind, backoff=row["backoff"], live=self.live, now=self.now)
+        oldest = row["oldest"]
+        if oldest and (provider_id not in self.pending_oldest or oldest < self.pending_oldest[provider_id][0]):
+            self.pending_oldest[provider_id] = (oldest, states.reason_code(reason))
         if reason:
             self.waiting_reasons[provider_id][reason] += row["n"]
             return "waiting"
-        oldest = row["oldest"]
         if oldest and (self.oldest_queued is None or oldest < self.oldest_queued):
             self.oldest_queued = oldest
         if provider_id and oldest:
@@ -157,6 +161,7 @@ def _provider_rows(tally: _Tally, lag: dict) -> list[dict]:
         counts, active = tally.per_provider[pid], tally.active_slots(pid)
         cooling = provider["cooldown_until"] if provider["cooldown_until"] and provider["cooldown_until"] > now else None
         oldest = tally.provider_oldest.get(pid)
+        pending_since, blocked_by = tally.pending_oldest.get(pid, (None, "none"))
         rows.append(
             {
                 "id": pid,
@@ -170,6 +175,8 @@ def _provider_rows(tally: _Tally, lag: dict) -> list[dict]:
                 "paused_reason": provider["paused_reason"],
                 "cooling_down_until": cooling.isoformat() if cooling else None,
                 "oldest_queued_age_seconds": (now - oldest).total_seconds() if oldest else None,
+                "oldest_pending_age_seconds": (now - pending_since).total_seconds() if pending_since else None,
+                "oldest_pending_reason": blocked_by,
                 "waiting_reasons": dict(tally.waiting_reasons.get(pid, {})),
                 "warning": _provider_warning(counts, tally.live),
                 **_polling(lag.get(pid)),

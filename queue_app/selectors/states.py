@@ -126,6 +126,25 @@ def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dic
     return ""
 
 
+REASON_CODES = (
+    ("provider paused", "paused"),
+    ("cooling down", "cooling_down"),
+    ("backoff", "backoff"),
+    ("retry backoff", "backoff"),
+    ("no live worker", "no_worker"),
+    ("no live queue service", "no_queue_service"),
+    ("no provider", "no_provider"),
+)
+
+
+def reason_code(reason: str) -> str:
+    """A waiting reason as a short fixed code (a Prometheus label): "dispatchable" when
+    nothing blocks the job but a free slot and the next dispatch."""
+    if not reason:
+        return "dispatchable"
+    return next((code for prefix, code in REASON_CODES if reason.startswith(prefix)), "other")
+
+
 # --- One state by name ---------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from queue_app import limits
-from queue_app.engine import events
+from queue_app.engine import attempt_tally, events
 from queue_app.models import Job, Kind, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE, default_model
 from queue_app.services import references
@@ -133,7 +133,9 @@ def drafts_delete(*, user, project: Project, job_ids) -> int:
             Job.objects.filter(project=project, owner=user, id__in=job_ids, status=Status.DRAFT).values_list("id", flat=True)
         )
         # delete() counts cascaded rows (attempts) too: count the jobs alone
-        deleted = Job.objects.filter(id__in=ids, status=Status.DRAFT).delete()[1].get(Job._meta.label, 0)
+        doomed = Job.objects.filter(id__in=ids, status=Status.DRAFT)
+        attempt_tally.fold_jobs(doomed.values_list("id", flat=True))  # a draft put back keeps its attempts
+        deleted = doomed.delete()[1].get(Job._meta.label, 0)
         events.emit_many(project.id, [("job.deleted", job_id, "", {}) for job_id in ids])
     return deleted
 

@@ -5,7 +5,7 @@ import logging
 from django.db import transaction
 from django.db.models import Q
 
-from queue_app.engine import dispatch, events, remote_cancel, transitions
+from queue_app.engine import attempt_tally, dispatch, events, remote_cancel, transitions
 from queue_app.models import Job, Project, Provider, Status
 from queue_app.selectors.visibility import actable_to, visible_to
 from queue_app.services.acting import JOBS, acting_on
@@ -108,7 +108,9 @@ def _clear_failed(jobs) -> tuple[int, list]:
         ids = [job_id for job_id, _ in rows]
         # Deleting with the status re-checked guards against a concurrent retry.
         # delete() counts cascaded rows (attempts) too: count the jobs alone
-        cleared = Job.objects.filter(id__in=ids, status=Status.FAILED).delete()[1].get(Job._meta.label, 0)
+        doomed = Job.objects.filter(id__in=ids, status=Status.FAILED)
+        attempt_tally.fold_jobs(doomed.values_list("id", flat=True))  # the counters keep them
+        cleared = doomed.delete()[1].get(Job._meta.label, 0)
         events.emit_grouped([(project_id, "job.cleared", job_id, "", {}) for job_id, project_id in rows])
     projects = sorted({project_id for _, project_id in rows})
     resumed = list(

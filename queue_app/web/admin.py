@@ -3,8 +3,10 @@
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 
 from queue_app import limits
+from queue_app.engine import attempt_tally
 from queue_app.models import (
     AccountSettings,
     AlbumItem,
@@ -178,6 +180,15 @@ class JobAdmin(Admin):
     def short_task(self, obj):
         return obj.task_id[:16]
 
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, Job.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        # the attempts' counts stay in the tallies (the /metrics counters never fall)
+        with transaction.atomic():
+            attempt_tally.fold_jobs(queryset.values_list("id", flat=True))
+            queryset.delete()
+
     @admin.action(description="Start / retry selected jobs", permissions=["change"])
     def start_or_retry(self, request, queryset):
         started = 0
@@ -194,6 +205,14 @@ class JobAttemptAdmin(Admin):
     list_display = ("job", "number", "worker", "outcome", "started_at", "finished_at")
     list_filter = ("outcome",)
     search_fields = ("job__id", "task_id")
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, JobAttempt.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():  # the counts stay in the tallies (/metrics counters never fall)
+            attempt_tally.fold(queryset)
+            queryset.delete()
 
 
 @admin.register(AlbumItem)

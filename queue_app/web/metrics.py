@@ -3,8 +3,10 @@
 No counter lives in a process: a custom collector reads the database when Prometheus
 scrapes, so every web process answers the same numbers and nothing is written on the hot
 path. The live numbers come from the queue status selector the monitor, the API and MCP
-use (`queue_status`); attempts, queue wait and run time from the append-only
-attempt log (`selectors_history`). A scrape costs a constant number of queries.
+use (`queue_status`); attempts, queue wait and run time from the attempt log plus the
+tallies of attempts deleted from it (`selectors/counters.py`), so the counters never fall
+on a clear, a prune or a restart. The whole scrape reads one snapshot of the database, and
+costs a constant number of queries.
 
 Access: `Authorization: Bearer <METRICS_TOKEN>` (Prometheus' `authorization` /
 `bearer_token` setting), or a staff session (to look at it in a browser). Everything else
@@ -15,6 +17,7 @@ import hmac
 from types import SimpleNamespace
 
 from django.conf import settings
+from django.db import connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -24,8 +27,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from queue_app.models import Heartbeat
+from queue_app.selectors import counters
 from queue_app.selectors import history as selectors_history
-from queue_app.selectors.queue import COUNT_KEYS, queue_status
+from queue_app.selectors.queue import queue_status
 
 # The whole installation, as staff see it (the selectors only read `is_staff`).
 EVERYONE = SimpleNamespace(is_staff=True, pk=None, is_authenticated=True)
@@ -57,17 +61,44 @@ PROVIDER_EXTRAS = {
 }
 PROVIDER_LABELS = ["provider_id", "provider", "family"]
 
+# Derived job states that partition the open jobs: every one is in exactly one, so sum()
+# over `state` is the number of open jobs (pending = queued + waiting; processing =
+# running + stalled + detached, exported apart under the per-provider names above).
+PARTITION = ("queued", "waiting", "running", "stalled", "detached", "failed")
+
 
 class QueueCollector(Collector):
     def __init__(self, *, now=None):
         self.now = now
 
     def collect(self):
-        now = self.now or timezone.now()
-        status = queue_status(user=EVERYONE, breakdown="providers", now=now)
-        yield from provider_metrics(status, selectors_history.provider_alerts(status, now=now))
-        yield from queue_metrics(status)
-        yield from history_metrics()
+        with snapshot():
+            now = self.now or timezone.now()
+            status = queue_status(user=EVERYONE, breakdown="providers", now=now)
+            families = [*provider_metrics(status, selectors_history.provider_alerts(status, now=now))]
+            families += [*partition_metrics(status), *queue_metrics(status), *history_metrics()]
+        return families
+
+
+def snapshot():
+    """One transaction that reads one snapshot: on PostgreSQL REPEATABLE READ (each
+    statement of READ COMMITTED sees its own), on SQLite any read transaction. Inside an
+    outer transaction (a test's), that one."""
+    if connection.in_atomic_block:
+        return transaction.atomic()
+
+    class Snapshot:
+        def __enter__(self):
+            self.atomic = transaction.atomic()
+            self.atomic.__enter__()
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+
+        def __exit__(self, *exc):
+            return self.atomic.__exit__(*exc)
+
+    return Snapshot()
 
 
 def provider_metrics(status: dict, alerts: dict):
@@ -100,10 +131,34 @@ def provider_metrics(status: dict, alerts: dict):
     return [*gauges.values(), *extras.values(), alert]
 
 
+def partition_metrics(status: dict):
+    """Open jobs by a state that partitions them, per provider; the oldest pending job's
+    age per provider whatever blocks it, the blocking reason its label."""
+    jobs = GaugeMetricFamily(
+        "rsq_provider_jobs",
+        "Open jobs of the provider by derived state (the states partition)",
+        labels=[*PROVIDER_LABELS, "state"],
+    )
+    oldest = GaugeMetricFamily(
+        "rsq_provider_oldest_pending_age_seconds",
+        "Age of the provider's oldest pending job, whatever blocks it (reason: dispatchable, paused, cooling_down, "
+        "backoff, no_worker, no_queue_service; none and 0 when nothing is pending)",
+        labels=[*PROVIDER_LABELS, "reason"],
+    )
+    for row in status["providers"]:
+        values = [str(row["id"]), row["name"], row["family"]]
+        for state in PARTITION:
+            jobs.add_metric([*values, state], row[state])
+        oldest.add_metric([*values, row["oldest_pending_reason"]], row["oldest_pending_age_seconds"] or 0)
+    return [jobs, oldest]
+
+
 def queue_metrics(status: dict):
     """The whole installation's jobs by derived state, and its live processes by role."""
-    totals = GaugeMetricFamily("rsq_jobs", "Jobs in the queue by derived state (whole installation)", labels=["state"])
-    for key in COUNT_KEYS:
+    totals = GaugeMetricFamily(
+        "rsq_jobs", "Open jobs by derived state, whole installation (the states partition: sum() is all)", labels=["state"]
+    )
+    for key in PARTITION:
         totals.add_metric([key], status["totals"][key])
     processes = GaugeMetricFamily("rsq_live_processes", "Processes with a fresh heartbeat, by role", labels=["role"])
     processes.add_metric([Heartbeat.Role.WORKER.value], status["liveness"]["workers"])
@@ -112,16 +167,24 @@ def queue_metrics(status: dict):
 
 
 def history_metrics():
-    """From the attempt log: attempts by outcome, queue wait and run time histograms."""
-    attempts = CounterMetricFamily("rsq_attempts", "Attempts by outcome (the attempt log)", labels=["outcome"])
-    for outcome, n in selectors_history.attempt_outcomes().items():
-        attempts.add_metric([outcome], n)
+    """Attempts ended by provider and outcome (a counter), open attempts by phase (a gauge),
+    queue wait and run time histograms: the attempt log plus the deleted attempts' tallies."""
+    attempts = CounterMetricFamily(
+        "rsq_attempts", "Attempts that ended, by provider and outcome (deleted ones included)", labels=["provider_id", "outcome"]
+    )
+    for (provider_id, outcome), n in sorted(counters.ended_attempts().items(), key=lambda item: (str(item[0][0]), item[0][1])):
+        attempts.add_metric(["" if provider_id is None else str(provider_id), outcome], n)
     yield attempts
+    opened = GaugeMetricFamily("rsq_open_attempts", "Attempts not ended yet, by phase", labels=["phase"])
+    for phase, n in counters.open_attempts().items():
+        opened.add_metric([phase], n)
+    yield opened
+    histograms = counters.histograms()
     for kind, name, help_text in (
         ("wait", "rsq_job_queue_wait_seconds", "From queued to a worker taking the job's first attempt"),
         ("run", "rsq_attempt_run_seconds", "From an attempt's start to its end"),
     ):
-        histogram = selectors_history.duration_histogram(kind)
+        histogram = histograms[kind]
         buckets = [(_bound(b), n) for b, n in histogram["buckets"]] + [("+Inf", histogram["count"])]
         yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram["sum"])
 

@@ -1,0 +1,29 @@
+"""What the attempt log counted, kept when its rows go (engine/attempt_tally.py writes it)."""
+
+from django.db import models
+
+
+class AttemptTally(models.Model):
+    """Counts of deleted attempts (cleared or deleted jobs, pruned history), grouped by the
+    hour an attempt ended (or started, when it was still open), provider, owner and
+    outcome. Rows are only ever inserted: /metrics adds them to the live log's counts, so
+    its counters never fall when attempts are deleted. Bucket lists are per-bucket counts
+    (not cumulative) over the bounds of selectors/history.py, the last one past them."""
+
+    hour = models.DateTimeField()
+    provider_id = models.IntegerField(null=True, blank=True)
+    owner_id = models.IntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=14)
+    ended = models.IntegerField(default=0)  # attempts that had ended with `outcome`
+    run_ms = models.BigIntegerField(default=0)  # whole milliseconds: sums stay exact
+    run_buckets = models.JSONField(default=list)
+    wait_count = models.IntegerField(default=0)  # first attempts: queued -> taken
+    wait_ms = models.BigIntegerField(default=0)
+    wait_buckets = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="tally_hour")]
+
+    def __str__(self):
+        return f"{self.ended} {self.outcome} of provider {self.provider_id} at {self.hour:%Y-%m-%d %H:00}"
