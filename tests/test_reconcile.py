@@ -80,3 +80,25 @@ def test_an_ambiguous_answer_is_looked_up_at_once_and_the_job_keeps_its_slot(own
     # Adopted by the attempt that got the ambiguous answer: detached, its slot kept.
     assert (job.status, job.task_id, job.attempts) == (Status.PROCESSING, prediction, 1)
     assert list(JobAttempt.objects.filter(job=job).values_list("outcome", "task_id")) == [("detached", prediction)]
+
+
+def test_an_ambiguous_answers_own_lookup_is_tried_again_before_the_slot_is_given_up(owner, monkeypatch):
+    from queue_app.providers.base import TransientError
+
+    monkeypatch.setattr(reconcile.time, "sleep", lambda seconds: None)
+    project = make_project(owner, make_provider(owner))
+    job = make_job(project, Status.PROCESSING)
+    attempt = _attempt(job, 1, Outcome.RUNNING)
+    answers = [TransientError("503"), TransientError("reset"), ["t1"]]
+
+    def find_submitted(request, tag, since):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    request = resolved("replicate", tag=reconcile.tag(job.id, 1))
+    assert reconcile.own(SimpleNamespace(find_submitted=find_submitted), request, job.id, attempt) == ["t1"]
+    answers[:] = [TransientError("503")] * 3
+    assert reconcile.own(SimpleNamespace(find_submitted=find_submitted), request, job.id, attempt) == []
+    assert answers == []  # three tries, then the next attempt looks again

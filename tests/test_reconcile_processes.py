@@ -76,3 +76,27 @@ def test_civitai_a_worker_killed_after_the_create_leaves_one_workflow(owner, tmp
 
 def _attempts(job) -> list[tuple[str, str]]:
     return list(JobAttempt.objects.filter(job=job).order_by("number").values_list("outcome", "task_id"))
+
+
+def test_a_lost_task_keeps_its_place_and_the_provider_never_sees_more_than_the_limit(owner, tmp_path, loopback):
+    """Three jobs on a record of limit 1; the first one's worker dies right after its
+    create. Its lost prediction is adopted, and no other job's prediction ran beside it."""
+    fake = ChaosProvider(seed=2).start()
+    try:
+        fake.configure("rep-key", family="replicate", latency=(1.5, 2.0))
+        provider = _provider(owner, "replicate", f"{fake.url}/v1", "rep-key")
+        project = make_project(owner, provider, model=FLUX)
+        jobs = [make_drafts(project, prompt=f"chaos-job-{n} a lighthouse")[0] for n in range(3)]
+        cluster = procs.qcluster(tmp_path / "logs", workers=1, FAILPOINTS="after_submit_before_task_id")
+        try:
+            jobs_start(user=owner, project=project, all_drafts=True)
+            procs.wait_for(lambda: any(_worker_died(job) for job in jobs), timeout=60, message="a worker to exit")
+        finally:
+            cluster.stop()
+        for job in jobs:
+            _recover_and_finish(job, tmp_path)
+        assert fake.submissions_per_job() == {"0": 1, "1": 1, "2": 1}
+        assert fake.peak_inflight("rep-key") == 1 and fake.orphans("rep-key") == 0
+    finally:
+        fake.stop()
+    assert set(Job.objects.filter(project=project).values_list("status", flat=True)) == {Status.COMPLETED}

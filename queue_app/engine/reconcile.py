@@ -7,6 +7,7 @@ those (Replicate) — and adopts it instead of creating another. Families withou
 (`find_submitted` in the adapter) submit as before (engine/ambiguous.py: retry or hold).
 """
 
+import time
 from datetime import timedelta
 
 from queue_app import providers
@@ -20,6 +21,9 @@ MAY_HAVE_REACHED = (Outcome.INTERRUPTED, Outcome.LOST, Outcome.AMBIGUOUS)
 LOOKBACK = 3  # earlier unsettled attempts looked up, newest first
 # `since` is this much before the earlier attempt began: the provider's clock is not ours.
 CLOCK_MARGIN = timedelta(minutes=2)
+# An ambiguous answer's own lookup: tries, and the pause before the next (× the try).
+OWN_TRIES = 3
+OWN_PAUSE_SECONDS = 0.5
 
 
 def tag(job_id, number: int) -> str:
@@ -51,17 +55,20 @@ def candidates(adapter, request, job_id, number: int) -> list[str]:
 
 def own(adapter, request, job_id, attempt) -> list[str]:
     """After an ambiguous answer, this attempt's own task, found at once so that the job
-    keeps its slot (a requeue would free it while the task runs at the provider). Empty
-    when none is found or the provider cannot be asked now: the next attempt looks again."""
+    keeps its slot (a requeue would free it while the task runs at the provider). A failed
+    lookup is tried again OWN_TRIES times; then empty, and the next attempt looks again."""
     if not callable(getattr(adapter, "find_submitted", None)):
         return []
     from queue_app.providers.base import ProviderError
 
-    try:
-        found = providers.call(request, adapter.find_submitted, request, request.tag, attempt.started_at - CLOCK_MARGIN)
-    except ProviderError:
-        return []
-    return unheld(found)
+    since = attempt.started_at - CLOCK_MARGIN
+    for n in range(OWN_TRIES):
+        try:
+            return unheld(providers.call(request, adapter.find_submitted, request, request.tag, since))
+        except ProviderError:
+            if n + 1 < OWN_TRIES:
+                time.sleep(OWN_PAUSE_SECONDS * (n + 1))
+    return []
 
 
 def unheld(task_ids: list[str]) -> list[str]:
