@@ -3,7 +3,7 @@
 No variable is required: without configuration the app runs on SQLite (WAL, IMMEDIATE
 transactions) with django-q2's ORM broker and an in-memory channel layer. Setting
 DATABASE_URL and REDIS_URL switches to PostgreSQL and Redis. Every variable is listed in
-the README's configuration table.
+the README's configuration table and docs/operations.md.
 """
 
 import base64
@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from queue_app import limits
 
@@ -161,8 +162,18 @@ def dead_peer_options() -> dict:
         keepalives_count=count,
         tcp_user_timeout=user_timeout_ms,
         connect_timeout=max(2, DB_DEAD_PEER_SECONDS),
-        options=server,
+        options=server + synchronous_commit_option(),
     )
+
+
+def synchronous_commit_option() -> str:
+    """DB_SYNCHRONOUS_COMMIT=off for a throwaway database (the test suite sets it): a commit
+    then returns before its WAL reaches the disk, 4.5 ms → 0.06 ms here. A server crash may
+    lose the last commits but never corrupts; visibility and locking are unchanged."""
+    value = os.getenv("DB_SYNCHRONOUS_COMMIT", "").strip().lower()
+    if value not in ("", "on", "off", "local", "remote_write", "remote_apply"):
+        raise ImproperlyConfigured(f"DB_SYNCHRONOUS_COMMIT={value!r}: use on, off or local")
+    return f" -c synchronous_commit={value}" if value else ""
 
 
 DATABASES = {"default": database_from_url(DATABASE_URL)}
@@ -274,7 +285,6 @@ FIELD_ENCRYPTION_KEY = os.getenv("FIELD_ENCRYPTION_KEY", "")
 
 def require_production_secrets() -> None:
     """With DEBUG off, a missing secret stops start-up here, with what to do about it."""
-    from django.core.exceptions import ImproperlyConfigured
 
     missing = [name for name, value in (("SECRET_KEY", SECRET_KEY), ("FIELD_ENCRYPTION_KEY", FIELD_ENCRYPTION_KEY)) if not value]
     if missing:

@@ -13,3 +13,6 @@ os.environ.setdefault("SECRET_KEY", "test-only-secret-key-" + "t" * 40)
 os.environ.setdefault("FIELD_ENCRYPTION_KEY", "dGVzdC1vbmx5LWZlcm5ldC1rZXktMzItYnl0ZXMhISE=")
 # The monitor's history is computed on every request in tests (they read it right after a change).
 os.environ.setdefault("HISTORY_CACHE_SECONDS", "0")
+# A test database is thrown away: its commits need not wait for the disk (PostgreSQL only;
+# the processes the tests start inherit it). Isolation and locking are unchanged.
+os.environ.setdefault("DB_SYNCHRONOUS_COMMIT", "off")

@@ -11,7 +11,7 @@ from queue_app.models import Job, Provider, Status
 from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts, make_project, make_provider
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.timeout(120)

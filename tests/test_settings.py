@@ -76,3 +76,16 @@ def test_the_server_drops_a_session_whose_client_went_silent_within_seconds():
     # Seconds until an idle session's silent client is given up on, and ms for unanswered data.
     assert 0 < server["tcp_keepalives_idle"] + server["tcp_keepalives_interval"] * server["tcp_keepalives_count"] <= 10
     assert 0 < server["tcp_user_timeout"] <= 10_000
+
+
+def test_a_throwaway_database_may_commit_without_waiting_for_the_disk(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    url = "postgres://u@db.example:5432/q"
+    monkeypatch.setenv("DB_SYNCHRONOUS_COMMIT", "off")
+    assert database_from_url(url)["OPTIONS"]["options"].endswith(" -c synchronous_commit=off")
+    monkeypatch.setenv("DB_SYNCHRONOUS_COMMIT", "")
+    assert "synchronous_commit" not in database_from_url(url)["OPTIONS"]["options"]
+    monkeypatch.setenv("DB_SYNCHRONOUS_COMMIT", "off; drop table x")
+    with pytest.raises(ImproperlyConfigured, match="DB_SYNCHRONOUS_COMMIT"):
+        database_from_url(url)

@@ -13,7 +13,7 @@ from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_start
 from tests.conftest import make_drafts
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 MB = 1024 * 1024
 
