@@ -5,20 +5,22 @@ from django.db import models
 
 
 class Family(models.TextChoices):
-    DEMO = "demo"
-    OPENAI = "openai"
-    GOOGLE = "google"
-    RUNNINGHUB = "runninghub"
-    CIVITAI = "civitai"
-    REPLICATE = "replicate"
+    # The labels are the families' own names, said this way on every page and form
+    # (templatetags `family_name`, `kind_name`).
+    DEMO = "demo", "Demo"
+    OPENAI = "openai", "OpenAI"
+    GOOGLE = "google", "Gemini"
+    RUNNINGHUB = "runninghub", "RunningHub"
+    CIVITAI = "civitai", "Civitai"
+    REPLICATE = "replicate", "Replicate"
 
 
 class Kind(models.TextChoices):
-    IMAGE = "image"
-    VIDEO = "video"
-    TEXT = "text"
-    AUDIO = "audio"
-    COMFYUI = "comfyui"
+    IMAGE = "image", "Image"
+    VIDEO = "video", "Video"
+    TEXT = "text", "Text"
+    AUDIO = "audio", "Audio"
+    COMFYUI = "comfyui", "ComfyUI"
 
 
 class Status(models.TextChoices):

@@ -179,6 +179,8 @@ def of_job(job, *, providers: dict, live: dict, now) -> tuple[str, str]:
         return ("waiting", reason) if reason else ("queued", "")
     if job.status == Status.PROCESSING:
         state = processing_state(task_id=job.task_id, lease_expires_at=job.lease_expires_at, now=now)
+        if state == "detached" and job.project.kind in runner_registry.RUNNERS:
+            return "running", ""  # a runner's prompt id is no detached task: the runner drives it
         return state, STALLED_REASON if state == "stalled" else ""
     if job.status == Status.FAILED and job.error_class == ErrorClass.CANCELLED:
         return "cancelled", ""

@@ -1,8 +1,10 @@
-"""Small template helpers: sizes (queue_app/sizes.py), a form's one-time token."""
+"""Small template helpers: sizes (queue_app/sizes.py), family and kind names, a form's
+one-time token."""
 
 from django import template
 from django.utils.html import format_html
 
+from queue_app.models.choices import Family, Kind
 from queue_app.sizes import human_bytes
 from queue_app.web.form_once import FIELD, new_token
 
@@ -13,6 +15,18 @@ register = template.Library()
 def size(value) -> str:
     """Bytes as people read them: "1.5 KB", "20 MB" (queue_app/sizes.py)."""
     return human_bytes(value)
+
+
+@register.filter
+def family_name(value) -> str:
+    """A provider family as it calls itself: OpenAI, Gemini, RunningHub (models/choices.py)."""
+    return Family(value).label if value in Family.values else str(value or "")
+
+
+@register.filter
+def kind_name(value) -> str:
+    """A project kind as the pages say it: Image, Video, ComfyUI."""
+    return Kind(value).label if value in Kind.values else str(value or "")
 
 
 @register.simple_tag
