@@ -67,7 +67,7 @@ def test_every_door_refuses_a_concurrency_above_the_declared_limit_and_takes_the
     client.post(f"/queue/providers/{provider.id}/concurrency", {"concurrency": TOO_MANY})
     api = token_client.post(f"/api/providers/{provider.id}", data={"concurrency": TOO_MANY}, content_type="application/json")
     assert api.status_code == 400 and "concurrency" in api.json()["error"]
-    refused = mcp_call(token_client, "set_concurrency", provider_id=provider.id, concurrency=TOO_MANY)
+    refused = mcp_call(token_client, "save_provider", provider_id=provider.id, concurrency=TOO_MANY)
     assert refused["isError"] is True and str(limits.CONCURRENCY.high) in refused["content"][0]["text"]
     staff_client = Client()
     staff_client.force_login(staff)
@@ -80,7 +80,7 @@ def test_every_door_refuses_a_concurrency_above_the_declared_limit_and_takes_the
     assert provider_page_post(client, provider, concurrency=limits.CONCURRENCY.high).status_code == 302
     assert concurrency_of(provider) == limits.CONCURRENCY.high
     assert (
-        mcp_call(token_client, "set_concurrency", provider_id=provider.id, concurrency=7)["structuredContent"]["concurrency"] == 7
+        mcp_call(token_client, "save_provider", provider_id=provider.id, concurrency=7)["structuredContent"]["concurrency"] == 7
     )
     assert admin_post(staff_client, Provider.objects.get(id=provider.id), concurrency=9).status_code == 302
     assert concurrency_of(provider) == 9

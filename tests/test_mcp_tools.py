@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from queue_app.models import AlbumItem, Job, Provider, Status
-from queue_app.web import mcp, refusals, tokens
+from queue_app.web import mcp, mcp_kit, refusals, tokens
 from tests.conftest import make_drafts, make_project, make_provider, make_user
 
 
@@ -54,7 +54,7 @@ def test_an_agent_finds_a_project_creates_starts_watches_and_retries_through_the
         async with sdk_client(world["url"], world["token"]) as client:
             assert client.protocol_version in mcp.PROTOCOL_VERSIONS
             names = {tool.name for tool in (await client.list_tools()).tools}
-            assert {"list_projects", "get_job", "create_drafts", "start_jobs", "retry_jobs", "set_concurrency"} <= names
+            assert {"list_projects", "get_job", "create_drafts", "start_jobs", "retry_jobs", "save_provider"} <= names
 
             # find things: an idle project is listed too, one page at a time
             first = structured(await client.call_tool("list_projects", {"limit": 1}))
@@ -109,9 +109,9 @@ def test_an_agent_finds_a_project_creates_starts_watches_and_retries_through_the
             retried = structured(await client.call_tool("retry_jobs", {"job_ids": [ids[1]]}))
             assert retried == {"retried": [ids[1]], "skipped": 0}
 
-            paused = structured(await client.call_tool("pause_provider", {"provider_id": provider.id}))
+            paused = structured(await client.call_tool("save_provider", {"provider_id": provider.id, "paused": True}))
             assert paused["paused"] is True
-            sized = structured(await client.call_tool("set_concurrency", {"provider_id": provider.id, "concurrency": 5}))
+            sized = structured(await client.call_tool("save_provider", {"provider_id": provider.id, "concurrency": 5}))
             assert sized["concurrency"] == 5
 
     asyncio.run(watch())
@@ -136,7 +136,7 @@ def test_another_users_things_are_not_found_through_the_sdk(world, django_user_m
                 ("get_project", {"project_id": world["project"].id}),
                 ("get_provider", {"provider_id": world["provider"].id}),
                 ("create_drafts", {"project_id": world["project"].id, "prompt": "x"}),
-                ("pause_provider", {"provider_id": world["provider"].id}),
+                ("save_provider", {"provider_id": world["provider"].id, "paused": True}),
                 ("list_jobs", {"project_id": world["project"].id}),
             ):
                 assert "not found" in refusal(await client.call_tool(name, arguments)), name
@@ -150,23 +150,42 @@ def test_another_users_things_are_not_found_through_the_sdk(world, django_user_m
 # --- declared schemas ------------------------------------------------------------------
 
 
-def test_every_tool_declares_valid_input_and_output_schemas_and_all_four_annotations():
+def test_every_tool_declares_valid_schemas_and_annotations_true_for_every_argument():
+    effective = {}
     for tool in mcp.TOOLS:
         Draft202012Validator.check_schema(tool["inputSchema"])
         Draft202012Validator.check_schema(tool["outputSchema"])
         assert tool["inputSchema"]["type"] == tool["outputSchema"]["type"] == "object"
-        assert set(tool["annotations"]) >= {"readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint"}, tool["name"]
-        assert tool["description"] and tool["title"]
-    by_name = {tool["name"]: tool for tool in mcp.TOOLS}
-    assert by_name["clear_failed_jobs"]["annotations"]["destructiveHint"] is True
-    assert by_name["start_jobs"]["annotations"]["openWorldHint"] is True
-    assert by_name["list_jobs"]["annotations"]["readOnlyHint"] is True
-    drafts = by_name["create_drafts"]["inputSchema"]["properties"]
+        assert tool["description"]
+        # a hint left out is the specification's default
+        effective[tool["name"]] = {**mcp_kit.DEFAULT_HINTS, **tool["annotations"]}
+    assert effective["clear_failed_jobs"]["destructiveHint"] is True
+    assert effective["start_jobs"]["openWorldHint"] is True
+    assert effective["list_jobs"]["readOnlyHint"] is True and effective["list_jobs"]["openWorldHint"] is False
+    # a repeat with all_drafts (or of a job that failed again) picks up new rows: not idempotent
+    for name in ("start_jobs", "retry_jobs", "retry_failed_jobs", "clear_failed_jobs", "create_drafts", "save_project"):
+        assert effective[name]["idempotentHint"] is False, name
+    assert effective["delete"]["destructiveHint"] is True and effective["delete"]["idempotentHint"] is True
+    drafts = by_name("create_drafts")["inputSchema"]["properties"]
     assert {"provider_id", "model", "aspect_ratio", "params", "references", "idempotency_key", "quantity"} <= set(drafts)
-    assert "16:9" in json.dumps(drafts["aspect_ratio"]) and drafts["quantity"]["maximum"] == 500
-    for tool in mcp.TOOLS:
-        for name, prop in tool["inputSchema"].get("properties", {}).items():
-            assert prop.get("description"), f"{tool['name']}.{name} says what it is"
+    assert "enum" not in drafts["aspect_ratio"], "the catalogue is project_options' to list"
+
+
+def by_name(name: str) -> dict:
+    return next(tool for tool in mcp.TOOLS if tool["name"] == name)
+
+
+@pytest.mark.django_db
+def test_the_tool_list_a_model_reads_stays_under_12_kb(owner):
+    raw = tokens.token_create(user=owner, name="size")[1]
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    response = DjangoClient(HTTP_AUTHORIZATION=f"Bearer {raw}").post(
+        "/mcp", data=json.dumps(message), content_type="application/json"
+    )
+    size = len(response.content)
+    tools = response.json()["result"]["tools"]
+    print(f"tools/list: {size} bytes, {len(tools)} tools, {size // len(tools)} bytes a tool")
+    assert size < 12 * 1024
 
 
 # --- a schema-driven fuzz of the tools ----------------------------------------------------

@@ -225,9 +225,10 @@ def test_the_mcp_tools_refuse_every_act_on_another_users_rows(world, viewer):
         ("cancel_jobs", {"job_ids": [str(world["pending"].id)]}),
         ("clear_failed_jobs", {"project_id": project.id}),
         ("retry_failed_jobs", {"provider_id": provider.id}),
-        ("pause_provider", {"provider_id": provider.id}),
-        ("resume_provider", {"provider_id": world["pending"].provider_id}),
-        ("set_concurrency", {"provider_id": provider.id, "concurrency": 5}),
+        ("save_provider", {"provider_id": provider.id, "paused": True}),
+        ("save_provider", {"provider_id": world["pending"].provider_id, "paused": False}),
+        ("save_provider", {"provider_id": provider.id, "concurrency": 5}),
+        ("delete", {"kind": "provider", "id": provider.id}),
     ]
     before = state_without_tokens()
     for n, (tool, arguments) in enumerate(calls):

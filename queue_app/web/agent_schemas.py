@@ -4,10 +4,11 @@ operation schemas they share with the JSON API (`queue_app.web.schemas`). Bounds
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from queue_app import limits
 from queue_app.selectors.job_list import JOB_FILTER_STATES
+from queue_app.web.manage_schemas import DraftPatch, ProjectPatch, ProviderFields
 from queue_app.web.schemas import (
     CancelJobs,
     Cursor,
@@ -29,15 +30,15 @@ class QueueStatusArgs(QueueStatusQuery):
 
 
 class ListArgs(Schema):
-    cursor: Cursor | None = Field(None, description="nextCursor of the previous page; omit for the first page")
+    cursor: Cursor | None = None
     limit: PageLimit = 50
 
 
 class ListJobsArgs(ListArgs):
-    project_id: ProjectId | None = Field(None, description="only this project's jobs")
-    provider_id: ProviderId | None = Field(None, description="only jobs in this provider's queue")
+    project_id: ProjectId | None = None
+    provider_id: ProviderId | None = Field(None, description="its queue")
     status: Literal[JOB_FILTER_STATES] = Field(  # type: ignore[valid-type]
-        "active", description="active = pending, processing and failed; or one derived state, a status, or all"
+        "active", description="active: pending, processing, failed"
     )
 
 
@@ -57,7 +58,7 @@ class SetConcurrencyArgs(ProviderArgs):
 
 class JobArgs(Schema):
     job_id: JobId
-    include_images: StrictBool = Field(False, description="also return image outputs as image content (small ones, at most 4)")
+    include_images: StrictBool = Field(False, description="inline small images too")
 
 
 class CancelJobsArgs(CancelJobs):
@@ -178,3 +179,73 @@ class JobDetail(JobOut):
     resolved: dict | None = Field(description="the settings the job was claimed with (null until it first ran)")
     attempt_log: list[dict]
     outputs: list[OutputLink]
+
+
+# --- management and discovery (issue 32) -------------------------------------------------
+
+
+class SaveProjectArgs(ProjectPatch):
+    project_id: ProjectId | None = Field(None, description="omit to create one")
+    idempotency_key: IdempotencyKey | None = idempotency_key_field()
+
+
+class SaveProviderArgs(ProviderFields):
+    provider_id: ProviderId | None = Field(None, description="omit to create one")
+    idempotency_key: IdempotencyKey | None = idempotency_key_field()
+
+
+class UpdateDraftArgs(DraftPatch):
+    job_id: JobId
+
+
+class DeleteArgs(Schema):
+    kind: Literal["project", "provider", "draft", "album_item"]
+    id: StrictInt | JobId = Field(description="a draft's job id (UUID); otherwise an integer")
+
+
+class ListAlbumArgs(ListArgs):
+    project_id: ProjectId | None = None
+
+
+class ProjectOptionsArgs(Schema):
+    project_id: ProjectId
+    provider_id: ProviderId | None = Field(None, description="a draft's own provider (default: the project's)")
+    model: StrictStr | None = Field(None, max_length=limits.MODEL_CHARS, description="a model (default: the project's)")
+
+
+class ProviderRecord(Output):
+    """A provider as the API shows it: never its key, at most the key's last four."""
+
+    id: int
+    name: str
+    family: str
+    base_url: str
+    key_hint: str
+    has_key: bool
+    concurrency: int
+    max_attempts: int
+    paused: bool
+
+
+class Deleted(Output):
+    deleted: bool | int
+
+
+class DraftOut(Output):
+    id: str
+    status: str
+    prompt: str
+    provider_id: int | None
+    settings: dict
+
+
+class ProjectOptions(Output):
+    project_id: int
+    kind: str
+    provider_id: int | None
+    family: str
+    model: str = Field(description="the model these options are for")
+    models: list[str] = Field(description="models the provider offers for the project's kind (its aliases too)")
+    options: dict[str, list[str]] = Field(description="setting -> the values the model offers (absent: not offered)")
+    defaults: dict = Field(description="the project's default settings")
+    comfyui_inputs: list[dict] | None = Field(None, description="a ComfyUI workflow's bound inputs: source, node, input")

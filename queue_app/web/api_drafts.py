@@ -55,14 +55,30 @@ def patch_body(body: dict) -> dict:
 
 @endpoint("PATCH", "DELETE")
 def draft_view(request, body, job_id):
-    job = Job.objects.filter(id=job_id, owner=request.user).select_related("project", "provider").first()
+    if request.method == "DELETE":
+        return answer(draft_remove(request.user, job_id))
+    return answer(draft_change(request.user, job_id, body))
+
+
+def own_draft(user, job_id) -> Job:
+    """The user's draft, or the refusal: unknown or another user's 404, started 409."""
+    job = Job.objects.filter(id=job_id, owner=user).select_related("project", "provider").first()
     if job is None:
         raise ServiceError("draft not found", 404, field="job_id")
     if job.status != Status.DRAFT:
         raise ServiceError("this job is no longer a draft (it was started)", 409, reason="not_a_draft")
-    if request.method == "DELETE":
-        drafts_delete(user=request.user, project=job.project, job_ids=[job.id])
-        return answer({"deleted": 1})
+    return job
+
+
+def draft_remove(user, job_id) -> dict:
+    job = own_draft(user, job_id)
+    drafts_delete(user=user, project=job.project, job_ids=[job.id])
+    return {"deleted": 1}
+
+
+def draft_change(user, job_id, body: dict) -> dict:
+    """Edit a draft: only the keys in `body` change (the API's PATCH and the MCP tool)."""
+    job = own_draft(user, job_id)
     body = patch_body(body)
     settings_ = {name: getattr(job, name) for name in (*DRAFT_FIELDS, "duration", "params", "references")}
     settings_.update(body.get("settings") or {})
@@ -74,14 +90,14 @@ def draft_view(request, body, job_id):
         provider = None
         if body["provider_id"] is not None:
             provider_id = whole_number(body["provider_id"], "provider_id", low=1, high=2**62)
-            provider = Provider.objects.filter(id=provider_id, owner=request.user).first()
+            provider = Provider.objects.filter(id=provider_id, owner=user).first()
             if provider is None:
                 raise ServiceError("provider not found", 404, field="provider_id")
     prompt = body["prompt"] if "prompt" in body else job.prompt
     if not isinstance(prompt, str):
-        raise ServiceError("prompt must be text")
-    job = draft_update(user=request.user, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
-    return answer(draft_payload(job))
+        raise ServiceError("prompt must be text", field="prompt")
+    job = draft_update(user=user, job_id=job.id, prompt=prompt, provider=provider, settings_=settings_)
+    return draft_payload(job)
 
 
 @endpoint("POST", json_body=False)

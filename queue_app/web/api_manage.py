@@ -40,7 +40,7 @@ def projects_view(request, body):
     return answer(payload, code)
 
 
-def _project_update(user, project: Project, body: dict) -> Project:
+def project_change(user, project: Project, body: dict) -> Project:
     data = dict(body)
     archived = data.pop("archived", None)
     if archived is not None and not isinstance(archived, bool):
@@ -68,13 +68,17 @@ def project_view(request, body, project_id):
     if request.method == "PATCH":
         if not body:
             raise ServiceError("give the fields to change")
-        return answer(project_json(_project_update(request.user, project, body)))
-    if project.owner_id != request.user.id:
+        return answer(project_json(project_change(request.user, project, body)))
+    return answer(project_remove(request.user, project))
+
+
+def project_remove(user, project: Project) -> dict:
+    if project.owner_id != user.id:
         raise ServiceError("only the project's owner can delete it", 403)
-    return answer({"deleted": True, **project_delete(user=request.user, project=project)})
+    return {"deleted": True, **project_delete(user=user, project=project)}
 
 
-def _visible_provider(user, provider_id) -> Provider:
+def visible_provider(user, provider_id) -> Provider:
     provider = provider_visible(user, provider_id)
     if provider is None:
         raise ServiceError("provider not found", 404, field="provider_id")
@@ -101,7 +105,7 @@ def provider_view(request, body, provider_id):
     if request.method == "POST":
         # the original endpoint: {"paused": …} and/or {"concurrency": …}
         return inspect.unwrap(api.provider_view)(request, body, provider_id)
-    provider = _visible_provider(request.user, provider_id)
+    provider = visible_provider(request.user, provider_id)
     if request.method == "GET":
         return answer({**provider_json(provider), "work": provider_work(provider)})
     if request.method == "PATCH":
@@ -113,5 +117,5 @@ def provider_view(request, body, provider_id):
 
 @endpoint("POST")
 def provider_test_view(request, body, provider_id):
-    provider = _visible_provider(request.user, provider_id)
+    provider = visible_provider(request.user, provider_id)
     return answer(provider_test_key(user=request.user, provider_id=provider.id))

@@ -15,7 +15,7 @@ from queue_app.web.schemas import DraftOptions, Output, ProviderId, Schema
 class ProjectFields(Schema):
     name: StrictStr | None = Field(None, min_length=1, max_length=200)
     kind: Literal[tuple(Kind.values)] | None = Field(None, description="what its jobs make")  # type: ignore[valid-type]
-    provider_id: ProviderId | None = Field(None, description="the provider its jobs run on (null: none)")
+    provider_id: ProviderId | None = Field(None, description="null: none")
     model: StrictStr | None = Field(None, max_length=limits.MODEL_CHARS)
     aspect_ratio: StrictStr | None = Field(None, max_length=limits.OPTION_CHARS)
     quality: StrictStr | None = Field(None, max_length=limits.OPTION_CHARS)
@@ -40,16 +40,14 @@ class ProjectPatch(ProjectFields):
 class ProviderFields(Schema):
     name: StrictStr | None = Field(None, min_length=1, max_length=100)
     family: Literal[tuple(Family.values)] | None = None  # type: ignore[valid-type]
-    base_url: StrictStr | None = Field(
-        None, max_length=200, description="scheme, host, port and path only; changing it (or the family) needs api_key again"
-    )
+    base_url: StrictStr | None = Field(None, max_length=200, description="scheme, host, port and path only")
     api_key: StrictStr | None = Field(None, max_length=2000, description="write-only")
     api_secret: StrictStr | None = Field(None, max_length=2000, description="write-only")
     concurrency: StrictInt | None = Field(None, ge=limits.CONCURRENCY.low, le=limits.CONCURRENCY.high)
     max_attempts: StrictInt | None = Field(None, ge=limits.MAX_ATTEMPTS.low, le=limits.MAX_ATTEMPTS.high)
     paused: StrictBool | None = None
-    options: dict | None = Field(None, description=f"family options (at most {limits.PARAMS_BYTES} bytes)")
-    model_aliases: dict[str, StrictStr] | None = Field(None, max_length=100, description="alias → catalogue model")
+    options: dict | None = Field(None, description="family options")
+    model_aliases: dict[str, StrictStr] | None = Field(None, max_length=100, description="alias: catalogue model")
 
 
 class ProviderCreate(ProviderFields):

@@ -31,6 +31,7 @@ SERVER_INFO = {"name": "remix-studio-queue", "version": "1.1"}
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
 RESOURCE_NOT_FOUND = -32002
+COMPACT = {"separators": (",", ":")}  # a model reads every byte of tools/list
 RESOURCE_METHODS = ("resources/list", "resources/templates/list", "resources/read")
 
 # The tools as MCP lists them. Another module may append a tool here (a dict with
@@ -206,7 +207,7 @@ def mcp_view(request):
                 replies.append(rpc_error(item["id"], INTERNAL_ERROR, "internal error"))
     if not replies:
         return accepted()  # notifications and responses only
-    return JsonResponse(replies if batch else replies[0], safe=False, encoder=DjangoJSONEncoder)
+    return JsonResponse(replies if batch else replies[0], safe=False, encoder=DjangoJSONEncoder, json_dumps_params=COMPACT)
 
 
 # --- start_jobs with wait: progress over SSE until the jobs finish ------------------------

@@ -12,59 +12,20 @@ projects and providers by id, jobs by (created_at, id) newest first.
 
 import base64
 import json
-from dataclasses import dataclass, field
 
 from django.core.serializers.json import DjangoJSONEncoder
-from pydantic import BaseModel
 
 from queue_app.selectors import queue as queue_reads
 from queue_app.selectors.agents import job_summary, project_detail, projects_after, providers_after
 from queue_app.selectors.job_list import jobs_after
 from queue_app.selectors.visibility import provider_visible
 from queue_app.services.errors import ServiceError
-from queue_app.services.idempotency import idempotent
 from queue_app.services.jobs import jobs_start
-from queue_app.web import agent_schemas, album_api, api, cursors, schemas
+from queue_app.web import agent_schemas, album_api, api, cursors, mcp_manage, schemas
+from queue_app.web.mcp_kit import READ, STARTS_WORK, Context, Tool, once
 
-READ = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
-# Starting work calls provider APIs (the open world) and may spend money.
-STARTS_WORK = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": True}
 MAX_INLINE_IMAGES = 4
 MAX_INLINE_IMAGE_BYTES = 1024 * 1024
-
-
-@dataclass
-class Context:
-    user: object
-    base_url: str  # scheme://host of the request, for output links
-    extra_content: list = field(default_factory=list)  # content items beside the JSON text
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    title: str
-    description: str
-    arguments: type[BaseModel]
-    result: type[BaseModel]
-    annotations: dict
-    run: object  # (Context, arguments) -> dict
-
-    def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "description": self.description,
-            "inputSchema": json_schema(self.arguments),
-            "outputSchema": json_schema(self.result),
-            "annotations": {"title": self.title, **self.annotations},
-        }
-
-
-def json_schema(model: type[BaseModel]) -> dict:
-    schema = model.model_json_schema()
-    schema.setdefault("type", "object")
-    return schema
 
 
 # --- pages -----------------------------------------------------------------------------
@@ -158,15 +119,6 @@ def get_job(ctx: Context, args) -> dict:
     return job
 
 
-def once(ctx: Context, args, *, scope: str, run, exclude=()) -> dict:
-    """`run()` (payload, status) done once per idempotency key: the same key with the same
-    arguments replays the first payload. The fingerprint is the arguments as the REST body
-    they mirror (`exclude`: the ones the REST call carries in its path or not at all)."""
-    body = args.model_dump(mode="json", exclude_none=True, exclude_defaults=True, exclude={"idempotency_key", *exclude})
-    payload, _ = idempotent(user=ctx.user, key=args.idempotency_key, scope=scope, body=body, run=run)
-    return payload
-
-
 def create_drafts(ctx: Context, args) -> dict:
     project = api.actable_project(ctx.user, args.project_id)
     return once(
@@ -200,63 +152,37 @@ def retry_failed(ctx: Context, args) -> dict:
     return api.act_on_failed(ctx.user, args, action="retry")
 
 
-def pause_provider(ctx: Context, args) -> dict:
-    return api.provider_update(ctx.user, args.provider_id, schemas.ProviderUpdate(paused=True))
-
-
-def resume_provider(ctx: Context, args) -> dict:
-    return api.provider_update(ctx.user, args.provider_id, schemas.ProviderUpdate(paused=False))
-
-
-def set_concurrency(ctx: Context, args) -> dict:
-    return api.provider_update(ctx.user, args.provider_id, schemas.ProviderUpdate(concurrency=args.concurrency))
-
-
 S, A = schemas, agent_schemas
+DRAFTING = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False, "openWorldHint": False}
+CANCELS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": True}
+# a repeat deletes jobs that failed meanwhile
+CLEARS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
 TOOLS = [
     Tool(
         "get_queue_status",
         "Queue status",
-        "Totals of the generation queue (pending, processing, failed; queued, waiting, running, stalled, detached; "
-        "active slots vs concurrency; the oldest dispatchable job's age), optionally per project or provider. "
-        "The same counts as the Queue Monitor.",
+        "The Queue Monitor's totals, optionally per project or provider.",
         A.QueueStatusArgs,
         A.QueueStatusOut,
         READ,
         queue_status,
     ),
-    Tool(
-        "list_projects",
-        "List projects",
-        "Your projects (idle ones too), oldest first, one page at a time.",
-        A.ListArgs,
-        A.ProjectPage,
-        READ,
-        list_projects,
-    ),
+    Tool("list_projects", "List projects", "Your projects, oldest first.", A.ListArgs, A.ProjectPage, READ, list_projects),
     Tool(
         "get_project",
         "Get a project",
-        "One project: its kind, provider, default output settings, and its job counts per status.",
+        "A project: kind, provider, default settings, jobs per status.",
         A.ProjectArgs,
         A.ProjectDetail,
         READ,
         get_project,
     ),
-    Tool(
-        "list_providers",
-        "List providers",
-        "Your provider records: family, paused or cooling down, concurrency and the slots in use.",
-        A.ListArgs,
-        A.ProviderPage,
-        READ,
-        list_providers,
-    ),
+    Tool("list_providers", "List providers", "Your provider records.", A.ListArgs, A.ProviderPage, READ, list_providers),
     Tool("get_provider", "Get a provider", "One provider record.", A.ProviderArgs, A.ProviderOut, READ, get_provider),
     Tool(
         "list_jobs",
         "List jobs",
-        "Jobs newest first, in one project or provider queue or everywhere, filtered by state, with why each waits.",
+        "Jobs newest first, with why each waits.",
         A.ListJobsArgs,
         A.JobPage,
         READ,
@@ -265,8 +191,8 @@ TOOLS = [
     Tool(
         "get_job",
         "Get a job",
-        "One job: status and derived state, error, the resolved settings it ran with, every attempt, and its outputs "
-        "(links, text outputs inline; images inline with include_images).",
+        "A job: state, error, resolved settings, attempts, outputs (url: resources/read or with the token; "
+        "download_url: without credentials, 15 minutes).",
         A.JobArgs,
         A.JobDetail,
         READ,
@@ -275,49 +201,37 @@ TOOLS = [
     Tool(
         "create_drafts",
         "Create drafts",
-        "Create `quantity` drafts of one prompt in a project, with optional output settings. Drafts cost nothing until "
-        "started. The result says what they will run with (`resolved`) and which requested values the model changed "
-        "(`adjusted`). Pass idempotency_key to retry safely.",
+        "Drafts of a prompt, free until started (project_options: what a project takes). The result says what they "
+        "will run with (resolved, adjusted).",
         S.CreateDraftsArgs,
         S.DraftsCreated,
-        {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False, "openWorldHint": False},
+        DRAFTING,
         create_drafts,
+        loose=("aspect_ratio", "quality", "resolution", "format", "background"),
     ),
     Tool(
         "start_jobs",
         "Start jobs",
-        "Start selected drafts or failed jobs (job_ids) or every draft of a project (all_drafts: true): they are queued "
-        "and run on the provider, which may cost money. Starting a job twice is harmless.",
+        "Queue jobs to run on the provider: may cost money.",
         S.StartJobsArgs,
         S.JobsStarted,
         STARTS_WORK,
         start_jobs,
     ),
-    Tool(
-        "retry_jobs",
-        "Retry jobs",
-        "Put chosen failed jobs back in the queue (other jobs are skipped). A job that keeps its remote task is "
-        "collected, not paid for again.",
-        A.RetryJobsArgs,
-        S.JobsRetried,
-        STARTS_WORK,
-        retry_jobs,
-    ),
+    Tool("retry_jobs", "Retry jobs", "Queue chosen failed jobs again.", A.RetryJobsArgs, S.JobsRetried, STARTS_WORK, retry_jobs),
     Tool(
         "cancel_jobs",
         "Cancel jobs",
-        'Cancel pending or processing jobs (job_ids): each fails at once with reason "cancelled"; a running call\'s '
-        "result is discarded and a remote task is cancelled at the provider where its API can. Drafts and finished "
-        "jobs are skipped. Cancelled jobs can be retried or cleared like failed ones.",
+        "Pending or processing jobs fail as cancelled (the provider's task too, where it can).",
         A.CancelJobsArgs,
         S.JobsCancelled,
-        {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": True},
+        CANCELS,
         cancel_jobs,
     ),
     Tool(
         "retry_failed_jobs",
         "Retry failed jobs",
-        "Put every failed job in one scope (all, a project or a provider queue) back in the queue.",
+        "Queue every failed job of a scope again.",
         S.FailedScope,
         S.FailedResult,
         STARTS_WORK,
@@ -326,41 +240,13 @@ TOOLS = [
     Tool(
         "clear_failed_jobs",
         "Clear failed jobs",
-        "Delete failed job records in one scope: everything you may see, a project, or a provider queue "
-        "(project_id and provider_id are mutually exclusive). Album outputs are kept. dry_run counts only.",
+        "Delete the failed jobs of a scope (outputs kept).",
         S.FailedScope,
         S.FailedResult,
-        {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": False},
+        CLEARS,
         clear_failed,
     ),
-    Tool(
-        "pause_provider",
-        "Pause a provider",
-        "Stop dispatching new jobs to a provider record; running work finishes.",
-        A.ProviderArgs,
-        S.ProviderRow,
-        {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False},
-        pause_provider,
-    ),
-    Tool(
-        "resume_provider",
-        "Resume a provider",
-        "Dispatch to a paused provider record again (its queued jobs start at once).",
-        A.ProviderArgs,
-        S.ProviderRow,
-        STARTS_WORK,
-        resume_provider,
-    ),
-    Tool(
-        "set_concurrency",
-        "Set a provider's concurrency",
-        "How many jobs a provider record runs at once. Raising it starts queued work at once; lowering it never "
-        "cancels running work.",
-        A.SetConcurrencyArgs,
-        S.ProviderRow,
-        STARTS_WORK,
-        set_concurrency,
-    ),
+    *mcp_manage.TOOLS,
 ]
 BY_NAME = {tool.name: tool for tool in TOOLS}
 

@@ -19,7 +19,6 @@ from queue_app import limits
 from queue_app.providers.catalogue import CATALOGUE
 from queue_app.selectors.job_list import JOB_FILTER_STATES, MAX_PER_PAGE
 from queue_app.services.errors import ServiceError
-from queue_app.sizes import human_bytes
 
 MAX_ID = 2**62
 
@@ -71,7 +70,7 @@ ProjectId = Annotated[StrictInt, Field(ge=1, le=MAX_ID, description="a project i
 ProviderId = Annotated[StrictInt, Field(ge=1, le=MAX_ID, description="a provider record id (integer)")]
 JobId = Annotated[UUID, Field(description="a job id (UUID)")]
 JobIds = Annotated[list[JobId], Field(min_length=1, max_length=limits.JOB_IDS, description="job ids (UUIDs)")]
-Cursor = Annotated[StrictStr, Field(max_length=200, description="nextCursor of the previous page; omit for the first page")]
+Cursor = Annotated[StrictStr, Field(max_length=200, description="nextCursor of the last page")]
 PageLimit = Annotated[StrictInt, Field(ge=1, le=limits.PAGE_SIZE, description="items per page")]
 IdempotencyKey = Annotated[
     StrictStr,
@@ -88,11 +87,7 @@ IdempotencyKey = Annotated[
 def idempotency_key_field():
     """The optional `idempotency_key` argument of the MCP tools that do work (the REST API
     takes the same key as the Idempotency-Key header)."""
-    return Field(
-        None,
-        description="Any unique text (a UUID): the same key with the same arguments replays the first result instead "
-        "of doing the work twice; with different arguments it is refused (422); while the first call still runs, 409.",
-    )
+    return Field(None, description="a repeat with the same arguments replays the first result")
 
 
 def _option(values: list[str]):
@@ -104,18 +99,16 @@ def _option(values: list[str]):
 
 class QueueStatusQuery(Query):
     breakdown: Literal["none", "projects", "providers", "all"] = Field(
-        "none", description="also count per project, per provider, or both"
+        "none", description="also count per project, provider or both"
     )
-    limit: int | None = Field(None, ge=1, le=1000, description="at most this many rows per breakdown")
+    limit: int | None = Field(None, ge=1, le=1000, description="rows per breakdown")
 
 
 class FailedScope(Schema):
-    scope: Literal["all", "project", "provider"] | None = Field(
-        None, description="which failed jobs: everything you may see (default), one project, or one provider queue"
-    )
-    project_id: ProjectId | None = Field(None, description="with scope=project")
-    provider_id: ProviderId | None = Field(None, description="with scope=provider")
-    dry_run: StrictBool = Field(False, description="only count the jobs that would be affected")
+    scope: Literal["all", "project", "provider"] | None = Field(None, description="all (default), project or provider")
+    project_id: ProjectId | None = Field(None, description="only this project's")
+    provider_id: ProviderId | None = Field(None, description="only this provider queue's")
+    dry_run: StrictBool = Field(False, description="only count them")
 
     @model_validator(mode="after")
     def one_scope(self):
@@ -148,8 +141,7 @@ class DraftOptions(Schema):
     model: StrictStr | None = Field(
         None,
         max_length=limits.MODEL_CHARS,
-        description="model id (default: the project's). Catalogue models: " + ", ".join(MODELS) + "; a provider's custom "
-        "alias is accepted too.",
+        description="a model or a provider's alias (default: the project's)",
     )
     aspect_ratio: _option(ASPECT_RATIOS) | None = Field(
         None, description="requested aspect ratio or size; mapped to the closest the model offers"
@@ -159,23 +151,17 @@ class DraftOptions(Schema):
     format: _option(FORMATS) | None = Field(None, description="output file format")
     background: _option(BACKGROUNDS) | None = Field(None, description="image background (models that offer one)")
     sound: StrictStr | None = Field(None, max_length=limits.OPTION_CHARS, description="video sound: on or off")
-    duration: StrictInt | None = Field(
-        None, ge=limits.DURATION.low, le=limits.DURATION.high, description="video length in seconds; mapped to the model's"
-    )
+    duration: StrictInt | None = Field(None, ge=limits.DURATION.low, le=limits.DURATION.high, description="video seconds")
     params: dict | None = Field(
         None,
-        description=f"model-specific extra parameters (at most {limits.PARAMS_BYTES} bytes, {limits.PARAMS_DEPTH} levels deep)",
+        description=f"model-specific parameters ({limits.PARAMS_BYTES // 1024} KB at most)",
     )
     # An item may be a data: URI (stored as an upload), so its length is bounded by the body;
     # references.normalize checks each kind (URL length, image bytes and type).
     references: list[Annotated[StrictStr, Field(min_length=1, max_length=limits.REQUEST_BYTES)]] | None = Field(
         None,
         max_length=limits.REFERENCES,
-        description=(
-            f"reference images, at most {limits.REFERENCES}: ref:<sha256> (an upload: POST /api/references takes one "
-            f"image of up to {human_bytes(limits.REFERENCE_BYTES)}), album:<id> (an album image), a data: URI (stored as "
-            f"an upload; it counts against the body's {limits.REQUEST_BYTES // 2**20} MiB) or an http(s) URL"
-        ),
+        description="images: ref:<sha256>, album:<item id>, data: URI or https URL",
     )
 
     @model_validator(mode="after")
@@ -194,9 +180,9 @@ class DraftOptions(Schema):
 class CreateDrafts(DraftOptions):
     prompt: StrictStr = Field(min_length=1, max_length=limits.PROMPT_CHARS, description="what to generate")
     quantity: StrictInt = Field(1, ge=limits.QUANTITY.low, le=limits.QUANTITY.high, description="how many drafts of it")
-    provider_id: ProviderId | None = Field(None, description="run on this provider record (default: the project's)")
+    provider_id: ProviderId | None = Field(None, description="default: the project's provider")
     settings: DraftOptions | None = Field(None, description="the same options, nested (the fields above win)")
-    per_line: StrictBool = Field(False, description="one draft (times quantity) per non-blank line of the prompt")
+    per_line: StrictBool = Field(False, description="quantity drafts per line of the prompt")
 
     def options(self) -> dict:
         nested = self.settings.values() if self.settings else {}
@@ -228,8 +214,8 @@ class DraftsCreated(Output):
 
 
 class StartJobs(Schema):
-    job_ids: JobIds | None = Field(None, description="drafts (or failed jobs: a retry) to start")
-    all_drafts: StrictBool = Field(False, description="start every draft of the project")
+    job_ids: JobIds | None = Field(None, description="drafts or failed jobs")
+    all_drafts: StrictBool = Field(False, description="every draft of the project")
 
     @model_validator(mode="after")
     def something_to_start(self):
@@ -247,10 +233,9 @@ class StartJobsArgs(StartJobs):
     project_id: ProjectId
     wait: StrictBool = Field(
         False,
-        description="keep the call open until the started jobs finish (or wait_seconds pass), sending progress "
-        "notifications when the request carries a progressToken; needs a client that accepts text/event-stream",
+        description="answer when they finish (SSE; a JSON-only client is told to poll)",
     )
-    wait_seconds: StrictInt = Field(120, ge=1, le=600, description="with wait: the longest to wait")
+    wait_seconds: StrictInt = Field(120, ge=1, le=600, description="the longest wait")
     idempotency_key: IdempotencyKey | None = idempotency_key_field()
 
 
