@@ -52,3 +52,24 @@ def test_a_waiting_jobs_lost_task_is_left_for_its_next_attempt_to_adopt(owner, f
     assert orphans.sweep() == 0
     assert not fake.predictions[prediction].canceled
     assert JobAttempt.objects.get(job=job).task_id == ""
+
+
+def test_a_completed_jobs_lost_civitai_workflow_is_found_by_its_tag_and_cancelled(owner, settings):
+    from tests.fakes.civitai import FakeCivitai
+
+    settings.OUTBOUND_ALLOWLIST = ["http://127.0.0.1"]
+    with FakeCivitai(polls_before_done=100) as civitai:
+        provider = Provider(owner=owner, name="c", family="civitai", base_url=civitai.url, concurrency=1)
+        provider.api_key = "civ-key"
+        provider.save()
+        project = make_project(owner, provider, model="urn:air:sdxl:checkpoint:civitai:101055@128078")
+        job = make_job(project, Status.COMPLETED, resolved={"model": project.model, "kind": "image"})
+        JobAttempt.objects.create(
+            job=job, number=2, outcome=JobAttempt.Outcome.AMBIGUOUS, provider_id=provider.id, finished_at=timezone.now()
+        )
+        body = {"tags": [f"rs-job-{job.id}", f"rs-{job.id}-2"], "metadata": {"jobId": str(job.id)}}
+        lost = requests.post(f"{civitai.url}/v2/consumer/workflows", json=body, headers={"Authorization": "Bearer k"}, timeout=5)
+        workflow = lost.json()["id"]
+        assert orphans.sweep() == 1
+        assert civitai.workflows[workflow]["canceled"]
+    assert JobAttempt.objects.get(job=job).task_id == workflow

@@ -182,3 +182,12 @@ def test_find_submitted_raises_when_the_lookup_fails_rather_than_finding_nothing
     responses.add(responses.GET, SUBMIT, status=500, json={"title": "oops", "status": 500})
     with pytest.raises(TransientError):
         civitai.find_submitted(job(), "rs-x-1")
+
+
+@responses.activate
+def test_cancel_puts_the_workflow_to_canceled_and_a_404_is_fine():
+    responses.add(responses.PUT, f"{SUBMIT}/wf_01HXYZ", json=civitai_workflow("canceled"))
+    responses.add(responses.PUT, f"{SUBMIT}/wf_gone", status=404, json={"title": "Not Found", "status": 404})
+    civitai.cancel("wf_01HXYZ", job())
+    civitai.cancel("wf_gone", job())
+    assert json.loads(responses.calls[0].request.body) == {"status": "canceled"}

@@ -234,3 +234,12 @@ def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
         return Failed(reason=f"{LABEL} no longer knows workflow {task_id[:40]} (404)")
     _raise_for_status(response, create=False)
     return _state(http.json_body(response, create=False, label=LABEL), job)
+
+
+def cancel(task_id: str, job: ResolvedJob) -> None:
+    """Cancel a workflow (UpdateWorkflow: `PUT /v2/consumer/workflows/{id}` with status
+    `canceled`; work not yet started may be refunded). A 404 is fine: nothing runs."""
+    url = f"{_base(job)}/v2/consumer/workflows/{http.segment(task_id)}"
+    response = http.send("PUT", url, create=False, label=LABEL, json={"status": "canceled"}, headers=_headers(job))
+    if response.status_code != 404:
+        _raise_for_status(response, create=False)

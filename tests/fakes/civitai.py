@@ -7,6 +7,8 @@ Shapes from ../shared/providers/civitai.md:
   `succeeded` with one `output.images[]` entry whose `url` is this fake's;
 - `GET /v2/consumer/workflows?tags=T&take=N` (QueryWorkflows) → `{"items": [...], "next": null}`,
   newest first, the workflows carrying tag T (every workflow without `tags=`);
+- `PUT /v2/consumer/workflows/{id}` with `{"status": "canceled"}` (UpdateWorkflow) → the
+  workflow, `canceled` from then on;
 - `GET /blobs/{id}.png` → a real PNG.
 Every workflow it created is kept in `workflows`, so a test counts the tasks per job.
 """
@@ -63,11 +65,12 @@ class FakeCivitai:
 
     def _view(self, workflow_id: str, *, done: bool) -> dict:
         workflow = self.workflows[workflow_id]
-        status = "succeeded" if done else "processing"
+        status = "canceled" if workflow.get("canceled") else "succeeded" if done else "processing"
         image = {"id": f"{workflow_id}.png", "url": f"{self.url}/blobs/{workflow_id}.png", "available": True}
         step = {"name": "$0", "$type": "imageGen", "status": status, "jobs": [{"id": "j1", "status": status}]}
-        step["output"] = {"images": [image], "errors": []} if done else None
-        return dict(workflow, status=status, cost={}, transactions=[], steps=[step])
+        step["output"] = {"images": [image], "errors": []} if status == "succeeded" else None
+        public = {key: value for key, value in workflow.items() if key != "canceled"}
+        return dict(public, status=status, cost={}, transactions=[], steps=[step])
 
     def _read(self, workflow_id: str) -> dict | None:
         with self._lock:
@@ -111,6 +114,19 @@ class FakeCivitai:
                 if urlsplit(self.path).path == "/v2/consumer/workflows":
                     return self._send(202, fake._create(body))
                 self._send(404, {"title": "Not Found", "status": 404})
+
+            def do_PUT(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if not self._authorized():
+                    return
+                workflow_id = urlsplit(self.path).path.rsplit("/", 1)[1]
+                with fake._lock:
+                    workflow = fake.workflows.get(workflow_id)
+                    if workflow is not None and body.get("status") == "canceled":
+                        workflow["canceled"] = True
+                if workflow is None:
+                    return self._send(404, {"title": "Not Found", "status": 404})
+                self._send(200, fake._view(workflow_id, done=False))
 
             def do_GET(self):
                 parts = urlsplit(self.path)
