@@ -9,6 +9,7 @@ settings kept as they are by the page and editable in the admin as JSON."""
 from dataclasses import dataclass
 
 from queue_app import limits
+from queue_app.providers import prices
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,26 @@ STATUS_PER_MINUTE = Option(
 )
 
 
+# Every family: what the record pays (providers/prices.py, docs/money.md; blank: the
+# defaults, in the family's currency).
+CURRENCY = Option(
+    "currency",
+    "Currency",
+    str,
+    "what this account is billed in; blank: the family's (USD, Buzz for Civitai, coins for RunningHub)",
+    choices=prices.CURRENCIES,
+)
+PRICES = Option(
+    "prices",
+    "Prices",
+    str,
+    "model=price; … in the model's unit (per image, per second of video, in/out per 1M tokens, "
+    "0.001/s@20 per second of hardware); * for every other model; blank: the defaults",
+)
+
+
 def declared(family: str) -> tuple[Option, ...]:
-    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS, STATUS_PER_MINUTE)
+    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS, STATUS_PER_MINUTE, CURRENCY, PRICES)
 
 
 def clean_option(option: Option, value):
@@ -108,6 +127,8 @@ def clean_option(option: Option, value):
     JSON values and form strings alike; raises ValueError with a readable message."""
     if value is None or value == "":
         return None
+    if option is PRICES:
+        return prices.clean_prices(value) or None
     if option.type is bool:
         if isinstance(value, bool):
             return value

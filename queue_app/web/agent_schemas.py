@@ -21,6 +21,7 @@ from queue_app.web.schemas import (
     QueueStatusQuery,
     RetryJobs,
     Schema,
+    StartJobs,
     idempotency_key_field,
 )
 
@@ -116,9 +117,31 @@ class ProjectDetail(ProjectOut):
     counts: dict[str, int] = Field(description="jobs per status, every status")
 
 
+class CostRow(Output):
+    provider_id: int | None
+    provider_name: str
+    currency: str = Field(description="what the provider record is billed in (USD, EUR, Buzz, coins, …); no exchange rates")
+    jobs: int
+    unknown: int = Field(description="jobs of this row whose price is unknown (not counted in amount)")
+    amount: str | None = Field(description="decimal sum of the known estimates; null when none is known")
+
+
+class CostEstimate(Output):
+    jobs: int = Field(description="jobs estimated")
+    partial: bool = Field(description="true when only the first 5,000 were estimated")
+    by_provider: list[CostRow]
+    totals: dict[str, str] = Field(description="known estimates summed per currency")
+    unknown: int = Field(description="jobs with an unknown price: never counted as 0")
+
+
+class EstimateArgs(StartJobs):
+    project_id: ProjectId
+
+
 class ProjectView(ProjectDetail):
     footprint: dict[str, int] = Field(description="what deleting the project removes: jobs, active jobs, album items, bytes")
     storage: dict = Field(description="the owner's album usage and what starting the drafts would reserve")
+    cost: CostEstimate = Field(description="what starting all the drafts would cost, per provider record and currency")
 
 
 class ProviderOut(Output):

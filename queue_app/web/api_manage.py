@@ -12,6 +12,7 @@ import inspect
 
 from queue_app.models import Project, Provider
 from queue_app.selectors.agents import provider_json
+from queue_app.selectors.estimate import start_estimate
 from queue_app.selectors.projects import own_projects, project_counts, project_footprint, project_json, storage_summary
 from queue_app.selectors.visibility import provider_visible, visible_to
 from queue_app.services.errors import ServiceError
@@ -63,6 +64,7 @@ def project_view(request, body, project_id):
                 **project_json(project, counts=project_counts(project)),
                 "footprint": project_footprint(project),
                 "storage": storage_summary(project.owner, project=project),
+                "cost": start_estimate(project),
             }
         )
     if request.method == "PATCH":
@@ -76,6 +78,18 @@ def project_remove(user, project: Project) -> dict:
     if project.owner_id != user.id:
         raise ServiceError("only the project's owner can delete it", 403)
     return {"deleted": True, **project_delete(user=user, project=project)}
+
+
+@endpoint("POST")
+def estimate_view(request, body, project_id):
+    """What POST …/start with this body would cost; starts nothing."""
+    project = visible_project(request.user, project_id)
+    args = schemas.validate(schemas.StartJobs, body)
+    return answer(estimate_for(project, args))
+
+
+def estimate_for(project, args) -> dict:
+    return start_estimate(project, job_ids=args.ids()) if args.job_ids else start_estimate(project)
 
 
 def visible_provider(user, provider_id) -> Provider:

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 
 from queue_app.models import Job, Kind, Project, Provider
 from queue_app.providers.catalogue import CATALOGUE, model_spec
+from queue_app.selectors.estimate import job_estimate
 from queue_app.selectors.projects import album_images, draft_providers, project_drafts, reference_of
 from queue_app.services import drafts as draft_writes
 from queue_app.services import references
@@ -143,6 +144,7 @@ def drafts_context(request, project: Project) -> dict:
     drafts = list(page.object_list)
     for job in drafts:
         job.thumbnails = reference_thumbnails(job.references)
+        job.cost, _ = job_estimate(job, project, job.provider or project.provider)
     return {
         "drafts": drafts,
         "drafts_page": page,

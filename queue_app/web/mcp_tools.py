@@ -21,7 +21,7 @@ from queue_app.selectors.job_list import jobs_after
 from queue_app.selectors.visibility import provider_visible
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_start
-from queue_app.web import agent_schemas, album_api, api, cursors, mcp_manage, schemas
+from queue_app.web import agent_schemas, album_api, api, api_manage, cursors, mcp_manage, schemas
 from queue_app.web.mcp_kit import READ, STARTS_WORK, Context, Tool, once
 
 MAX_INLINE_IMAGES = 4
@@ -126,6 +126,10 @@ def create_drafts(ctx: Context, args) -> dict:
     )
 
 
+def estimate_start(ctx: Context, args) -> dict:
+    return api_manage.estimate_for(api.visible_project(ctx.user, args.project_id), args)
+
+
 def start_jobs(ctx: Context, args) -> dict:
     project = api.actable_project(ctx.user, args.project_id)
 
@@ -208,6 +212,15 @@ TOOLS = [
         DRAFTING,
         create_drafts,
         loose=("aspect_ratio", "quality", "resolution", "format", "background"),
+    ),
+    Tool(
+        "estimate_start",
+        "Estimate a start",
+        "What starting drafts would cost per provider and currency; unknown prices counted apart. Starts nothing.",
+        A.EstimateArgs,
+        A.CostEstimate,
+        READ,
+        estimate_start,
     ),
     Tool(
         "start_jobs",

@@ -88,6 +88,14 @@ OPERATIONS = [
     ),
     Op("/api/projects/{project_id}", "delete", "delete_project", "Delete a project and what it holds"),
     Op(
+        "/api/projects/{project_id}/estimate",
+        "post",
+        "estimate_start",
+        "What starting these drafts (or all) would cost, per provider and currency; starts nothing",
+        S.StartJobs,
+        result=A.CostEstimate,
+    ),
+    Op(
         "/api/projects/{project_id}/drafts",
         "post",
         "create_drafts",

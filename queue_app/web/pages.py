@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 
 from queue_app.engine import events, heartbeats
 from queue_app.models import AlbumItem, ApiToken, Kind, Project, Status
+from queue_app.selectors.estimate import start_estimate
 from queue_app.selectors.job_list import job_row
 from queue_app.selectors.jobs import album_counts
 from queue_app.selectors.projects import storage_summary
@@ -68,6 +69,7 @@ def project_context(request, project: Project) -> dict:
     storage = storage_summary(project.owner, project=project)
     return {
         "storage": storage,
+        "cost": start_estimate(project),
         # the quantity field offers no more than a start could take now (drafts cost nothing,
         # but a batch that can never start is a trap)
         "quantity_max": max(1, min(MAX_DRAFTS_PER_REQUEST, storage["fits_now"])),

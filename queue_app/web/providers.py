@@ -12,7 +12,8 @@ from queue_app import limits
 from queue_app.models import Family, Provider
 from queue_app.providers import crypto
 from queue_app.providers.catalogue import CATALOGUE
-from queue_app.providers.options import OPTIONS, clean_option, declared
+from queue_app.providers.options import OPTIONS, PRICES, clean_option, declared
+from queue_app.providers.prices import prices_text
 from queue_app.services import providers as provider_writes
 from queue_app.services.errors import ServiceError
 from queue_app.services.providers import provider_may_change, provider_save, provider_test_key, provider_work
@@ -52,10 +53,12 @@ class ProviderForm(ProviderUrlMixin, forms.Form):
                     field = forms.BooleanField(required=False)
                 elif option.choices:
                     field = forms.ChoiceField(choices=[("", "default")] + [(c, c) for c in option.choices], required=False)
-                else:
-                    field = forms.CharField(required=False, max_length=200)
+                else:  # prices: several model=price entries
+                    field = forms.CharField(required=False, max_length=2000 if option is PRICES else 200)
                 field.label, field.help_text, field.family = option.label, option.help, family
                 field.initial = stored.get(option.name)
+                if option is PRICES:  # stored as {model: price}, edited as text
+                    field.initial = prices_text(field.initial)
                 self.fields[name] = field
 
     def option_values(self) -> dict:

@@ -69,6 +69,7 @@ urlpatterns = [
     path("api/references", api_drafts.references_view, name="api_references"),
     path("api/projects", api_manage.projects_view, name="api_projects"),
     path("api/projects/<int:project_id>", api_manage.project_view, name="api_project"),
+    path("api/projects/<int:project_id>/estimate", api_manage.estimate_view, name="api_estimate"),
     path("api/providers", api_manage.providers_view, name="api_providers"),
     path("api/providers/<int:provider_id>", api_manage.provider_view, name="api_provider"),
     path("api/providers/<int:provider_id>/test", api_manage.provider_test_view, name="api_provider_test"),
