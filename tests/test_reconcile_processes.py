@@ -100,3 +100,39 @@ def test_a_lost_task_keeps_its_place_and_the_provider_never_sees_more_than_the_l
     finally:
         fake.stop()
     assert set(Job.objects.filter(project=project).values_list("status", flat=True)) == {Status.COMPLETED}
+
+
+def test_a_job_cancelled_after_its_worker_died_mid_submission_has_its_task_cancelled(owner, tmp_path, loopback):
+    """The worker died right after the create; the user cancels the job before anything
+    adopted the task. The queue service finds the task by its input and time and cancels it
+    at the provider within one poll cycle."""
+    from queue_app.queue_service import orphans
+    from queue_app.services.jobs import jobs_cancel
+
+    fake = ChaosProvider(seed=4).start()
+    try:
+        fake.configure("rep-key", family="replicate", latency=(120, 121))  # runs (and bills) on
+        provider = _provider(owner, "replicate", f"{fake.url}/v1", "rep-key")
+        project = make_project(owner, provider, model=FLUX)
+        [job] = make_drafts(project, prompt="chaos-job-3 a lighthouse")
+        cluster = procs.qcluster(tmp_path / "logs", workers=1, FAILPOINTS="after_submit_before_task_id")
+        try:
+            jobs_start(user=owner, project=project, all_drafts=True)
+            procs.wait_for(lambda: _worker_died(job), timeout=60, message="a worker to exit right after the create")
+        finally:
+            cluster.stop()
+        jobs_cancel(user=owner, job_ids=[job.id])
+        [prediction] = fake.predictions
+        service = procs.queue_service(tmp_path / "logs")
+        try:
+            procs.wait_for(
+                lambda: fake.predictions[prediction].canceled,
+                timeout=orphans.SWEEP_SECONDS + 15,
+                message="the orphan to be cancelled at the provider",
+            )
+        finally:
+            service.stop()
+        assert fake.submissions_per_job() == {"3": 1}
+    finally:
+        fake.stop()
+    assert JobAttempt.objects.get(job=job).task_id == prediction

@@ -21,6 +21,10 @@ from queue_app.providers.base import ProviderError
 
 log = logging.getLogger(__name__)
 
+# A submit cancelled while its worker was inside the create call (or dead after it) may
+# have left a task too: a live worker cancels its own, a dead one's is found here.
+LEFT_BEHIND = (*reconcile.MAY_HAVE_REACHED, JobAttempt.Outcome.CANCELLED)
+
 SWEEP_SECONDS = 15  # how often the queue service looks (a step of its loop)
 WINDOW = timedelta(minutes=15)  # attempts that ended longer ago are not looked up again
 BATCH = 5  # lookups per sweep: each is a provider request on the service's own loop
@@ -31,7 +35,7 @@ def unsettled_of_ended_jobs(now=None) -> list[JobAttempt]:
     since = (now or timezone.now()) - WINDOW
     rows = JobAttempt.objects.filter(
         phase=JobAttempt.Phase.SUBMIT,
-        outcome__in=reconcile.MAY_HAVE_REACHED,
+        outcome__in=LEFT_BEHIND,
         task_id="",
         finished_at__gte=since,
         job__status__in=(Status.COMPLETED, Status.FAILED),
