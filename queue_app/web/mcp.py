@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queue_app.selectors.jobs import jobs_by_status
 from queue_app.services.errors import ServiceError
-from queue_app.web import api, mcp_resources, mcp_tools, refusals, schemas, tokens
+from queue_app.web import api, mcp_resources, mcp_tools, mcp_versions, refusals, schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,15 @@ def call_tool(request, user, params: dict) -> dict:
     except ServiceError as refusal:
         return tool_refusal(refusal)
     log.info("mcp tool %s called by user %s", name, user.pk)
+    if name == "start_jobs" and args.get("wait") is True and not getattr(request, "mcp_streams", False):
+        structured = {**structured, "poll": POLL}
     return tool_result(structured, ctx.extra_content)
+
+
+POLL = (
+    "not waited: this client accepts only application/json, so the jobs' progress cannot be streamed; "
+    "poll list_jobs or get_job for the started jobs (or call again accepting text/event-stream)"
+)
 
 
 def handle(request, user, message: dict):
@@ -180,12 +188,15 @@ def mcp_view(request):
         message = read_message(request)
     except schemas.SchemaError as error:
         return refuse(error.code, PARSE_ERROR if error.code == 400 else INVALID_REQUEST, error.message)
+    version = mcp_versions.version_of(request, PROTOCOL_VERSIONS)
+    if version is None:
+        return refuse(404, INVALID_REQUEST, "unknown Mcp-Session-Id: initialize again")
     if wants_watch(request, message):
-        return start_and_watch(request, user, message)
+        return start_and_watch(request, user, message, version)
     batch = isinstance(message, list)
     if batch and not message:
         return refuse(400, INVALID_REQUEST, "an empty batch is not a request")
-    replies = []
+    replies, session = [], None
     for item in message if batch else [message]:
         kind = classify(item)
         if kind == "invalid":
@@ -196,7 +207,11 @@ def mcp_view(request):
             continue  # we send no requests, so there is nothing to match; accepted
         try:
             result = handle(request, user, item)
+            if item["method"] == "initialize":
+                version = result["protocolVersion"]  # what the rest of this exchange speaks
+                session = mcp_versions.session_for(version)
             if kind == "request":
+                result = mcp_versions.shaped(item["method"], result, version)
                 replies.append({"jsonrpc": "2.0", "id": item["id"], "result": result})
         except RpcError as failure:
             if kind == "request":
@@ -207,7 +222,11 @@ def mcp_view(request):
                 replies.append(rpc_error(item["id"], INTERNAL_ERROR, "internal error"))
     if not replies:
         return accepted()  # notifications and responses only
-    return JsonResponse(replies if batch else replies[0], safe=False, encoder=DjangoJSONEncoder, json_dumps_params=COMPACT)
+    reply = replies if batch else replies[0]
+    response = JsonResponse(reply, safe=False, encoder=DjangoJSONEncoder, json_dumps_params=COMPACT)
+    if session:
+        response["Mcp-Session-Id"] = session
+    return response
 
 
 # --- start_jobs with wait: progress over SSE until the jobs finish ------------------------
@@ -231,12 +250,13 @@ def sse(message: dict) -> str:
     return f"event: message\ndata: {json.dumps(message, cls=DjangoJSONEncoder)}\n\n"
 
 
-def start_and_watch(request, user, message):
+def start_and_watch(request, user, message, version: str):
     """Start the jobs now; then answer with an SSE stream: a progress notification each
     time a started job finishes (when the request carries a progressToken), and the
     tool's result last, with the jobs per status and whether the wait timed out."""
+    request.mcp_streams = True
     try:
-        result = handle(request, user, message)
+        result = mcp_versions.shaped("tools/call", handle(request, user, message), version)
     except RpcError as failure:
         return JsonResponse(rpc_error(message["id"], failure.code, failure.message))
     if result["isError"]:
@@ -246,13 +266,14 @@ def start_and_watch(request, user, message):
     token = meta.get("progressToken")
     token = token if isinstance(token, str | int) and not isinstance(token, bool) else None
     seconds = params["arguments"].get("wait_seconds", 120)
-    stream = watch(message["id"], result["structuredContent"], token, seconds)
+    started = json.loads(result["content"][0]["text"])  # structuredContent too, for versions that have it
+    stream = watch(message["id"], started, token, seconds, version)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     return response
 
 
-async def watch(request_id, started: dict, token, seconds: float):
+async def watch(request_id, started: dict, token, seconds: float, version: str):
     job_ids = started["started"]
     total = len(job_ids)
     deadline = time.monotonic() + seconds
@@ -269,17 +290,18 @@ async def watch(request_id, started: dict, token, seconds: float):
             break
         await asyncio.sleep(WATCH_INTERVAL)
     structured = {**started, "finished": counts, "timed_out": done < total}
-    yield sse({"jsonrpc": "2.0", "id": request_id, "result": tool_result(structured)})
+    result = mcp_versions.shaped("tools/call", tool_result(structured), version)
+    yield sse({"jsonrpc": "2.0", "id": request_id, "result": result})
 
 
 def protected_resource_metadata(request):
-    """RFC 9728: what protects /mcp. A personal API token (made on the account page),
-    sent as a Bearer header; no OAuth authorization server."""
+    """RFC 9728: what protects /mcp, as tokens are really issued: a personal API token made
+    on the account page (resource_documentation), sent as a Bearer header. No OAuth
+    authorization server issues them, so none is listed (an empty list would claim one)."""
     base = f"{request.scheme}://{request.get_host()}"
     response = JsonResponse(
         {
             "resource": f"{base}/mcp",
-            "authorization_servers": [],
             "bearer_methods_supported": ["header"],
             "resource_name": "Remix Studio Queue",
             "resource_documentation": f"{base}/account/",

@@ -244,6 +244,7 @@ class JobsStarted(Output):
     skipped: int = Field(description="selected jobs that were not drafts or failed jobs")
     finished: dict[str, int] | None = Field(None, description="with wait: the started jobs per status when the call ended")
     timed_out: bool | None = Field(None, description="with wait: true when wait_seconds passed before every job finished")
+    poll: str | None = Field(None, description="with wait from a JSON-only client: it was not waited, poll instead")
 
 
 class RetryJobs(Schema):
