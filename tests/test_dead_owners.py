@@ -54,7 +54,10 @@ def test_a_dead_clusters_untaken_claim_is_handed_out_again_at_once(owner, inline
     job_now = Job.objects.get(id=job.id)
     assert job_now.status == Status.PROCESSING and job_now.lease_token != job.lease_token
     assert inline_tasks.executions() == [(str(job.id), str(job_now.lease_token))]
-    assert not Heartbeat.objects.exists()  # released once per death
+    # released once per death: a tombstone the workers page lists, no longer a live cluster
+    [beat] = Heartbeat.objects.all()
+    assert beat.released_at is not None and heartbeats.alive("worker") == 0
+    assert recovery.release_dead_clusters_handoffs() == 0 and heartbeats.dead_clusters() == []
 
 
 def test_a_zombie_cluster_counts_as_dead_before_it_is_reaped(owner, inline_tasks):

@@ -1,6 +1,7 @@
 """The workers page: live processes, the job each worker runs now and for how long, and
 recently dead processes with what they held and what became of it."""
 
+import re
 import socket
 from datetime import timedelta
 
@@ -181,3 +182,30 @@ def test_a_serving_daphne_heartbeats_as_web_and_the_workers_page_lists_it(client
         assert row["pid"] == web.pid and row["host"] == socket.gethostname()
     finally:
         web.stop()
+
+
+def test_a_released_cluster_is_dead_at_once_with_when_it_was_found_dead(client, staff):
+    gone = dead_process(host="this-host", pid=321, minutes_ago=0)
+    Heartbeat.objects.filter(id=gone.id).update(released_at=timezone.now() - timedelta(seconds=90))
+    client.force_login(staff)
+    response = client.get("/queue/workers/?fragment=1")
+    overview = response.context["overview"]
+    assert overview["live"] == [] and [p["name"] for p in overview["dead"]] == [gone.name]
+    html = response.content.decode()
+    assert re.search(r"\(1m 3\ds ago; its claims released\)", html)
+    assert not re.search(r"\d\.\d+ ago", html)  # no raw float seconds
+
+
+def test_attempts_are_placed_under_the_cluster_that_lists_their_process(owner, running_job):
+    """Two clusters on one host: each attempt goes to the cluster whose children name it."""
+    host = socket.gethostname()
+    attempt = JobAttempt.objects.get(job=running_job)
+    worker_pid = int(attempt.worker.rpartition(":")[2])
+    now = timezone.now()
+    for pid, children in ((70001, [70002, worker_pid]), (70010, [70011])):
+        Heartbeat.objects.create(
+            name=f"worker:{host}:{pid}", role="worker", host=host, pid=pid, children=children, started_at=now, seen_at=now
+        )
+    overview = selectors_workers.workers_overview(user=owner)
+    running = {p["pid"]: [r["job_id"] for r in p["running"]] for p in overview["live"] if p["role"] == "worker"}
+    assert running[70001] == [str(running_job.id)] and running[70010] == [] and overview["unplaced"] == []

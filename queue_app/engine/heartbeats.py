@@ -25,26 +25,29 @@ def process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def beat(role: str, *, name: str | None = None, started_at=None) -> None:
+def beat(role: str, *, name: str | None = None, started_at=None, children: list[int] | None = None) -> None:
     # The database's time: other hosts compare it with theirs (engine/clock.py).
     now = db_now()
     name = name or f"{role}:{socket.gethostname()}:{os.getpid()}"
-    Heartbeat.objects.update_or_create(
-        name=name,
-        defaults=dict(role=role, host=socket.gethostname(), pid=os.getpid(), seen_at=now, started_at=started_at or now),
-    )
+    fields = dict(role=role, host=socket.gethostname(), pid=os.getpid(), seen_at=now, started_at=started_at or now)
+    if children is not None:
+        fields["children"] = children
+    # a process that beats is alive: a host cut off and back clears its tombstone
+    Heartbeat.objects.update_or_create(name=name, defaults=dict(fields, released_at=None))
+
+
+def fresh(*, now=None):
+    """Heartbeats of live processes: beaten within three periods, and not found dead."""
+    window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
+    return Heartbeat.objects.filter(seen_at__gte=(now or db_now()) - window, released_at__isnull=True)
 
 
 def alive(role: str, *, now=None) -> int:
-    now = now or db_now()
-    window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
-    return Heartbeat.objects.filter(role=role, seen_at__gte=now - window).count()
+    return fresh(now=now).filter(role=role).count()
 
 
 def liveness(*, now=None) -> dict:
-    now = now or db_now()
-    window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
-    live = Heartbeat.objects.filter(seen_at__gte=now - window).values_list("role", flat=True)
+    live = fresh(now=now).values_list("role", flat=True)
     roles = list(live)
     return {"workers": roles.count("worker"), "queue_services": roles.count("queue_service")}
 
@@ -93,10 +96,7 @@ def death_is_certain(owner: str) -> bool:
 
 def host_is_silent(host: str, *, now=None) -> bool:
     """A host that beat before and whose processes have all missed three beats."""
-    now = now or db_now()
-    window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
-    beats = Heartbeat.objects.filter(host=host)
-    return beats.exists() and not beats.filter(seen_at__gte=now - window).exists()
+    return Heartbeat.objects.filter(host=host).exists() and not fresh(now=now).filter(host=host).exists()
 
 
 def dead_clusters(*, now=None) -> list[int]:
@@ -105,7 +105,8 @@ def dead_clusters(*, now=None) -> list[int]:
     now = now or db_now()
     window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
     dead = []
-    for beat_id, host, pid, seen_at in Heartbeat.objects.filter(role="worker").values_list("id", "host", "pid", "seen_at"):
+    clusters = Heartbeat.objects.filter(role="worker", released_at__isnull=True)
+    for beat_id, host, pid, seen_at in clusters.values_list("id", "host", "pid", "seen_at"):
         if seen_at < now - window or (host == socket.gethostname() and not pid_alive(pid)):
             dead.append(beat_id)
     return dead
@@ -138,14 +139,18 @@ def start_process_heartbeat(role: str) -> None:
     started_at = timezone.now()
     name = f"{role}:{socket.gethostname()}:{os.getpid()}"
     first = threading.Event()
+    known: list[int] = []  # this cluster's processes, recent ones first
 
     def loop():
         stop = threading.Event()
         while not stop.wait(settings.HEARTBEAT_SECONDS if first.is_set() else 0.5):
+            children = None
+            if role == "worker":
+                children = remember(known, descendants(os.getpid()))
             # No fork mid-beat (_beating): qcluster forks its processes from this one.
             with _beating:
                 try:
-                    beat(role, name=name, started_at=started_at)
+                    beat(role, name=name, started_at=started_at, children=children)
                     first.set()
                 except Exception:
                     pass
@@ -153,3 +158,37 @@ def start_process_heartbeat(role: str) -> None:
                     connection.close()
 
     threading.Thread(target=loop, name=f"heartbeat-{role}", daemon=True).start()
+
+
+KNOWN_CHILDREN = 64  # pids kept per cluster: recycled workers' too, for the attempts they ran
+
+
+def remember(known: list[int], current: list[int]) -> list[int]:
+    """`known` updated with `current` (current ones first, then older ones), bounded."""
+    known[:] = (current + [pid for pid in known if pid not in current])[:KNOWN_CHILDREN]
+    return list(known)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, grandchildren), read from /proc; [] where there
+    is no /proc. qcluster's workers are its sentinel's children."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                ppid = int(stat.read().rpartition(b") ")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return sorted(found)

@@ -50,6 +50,12 @@ class Heartbeat(models.Model):
     pid = models.IntegerField()
     started_at = models.DateTimeField()
     seen_at = models.DateTimeField()
+    # A worker cluster's processes (its sentinel, workers, pusher; recent ones kept): an
+    # attempt names the worker's own pid, which maps it to its cluster on a shared host.
+    children = models.JSONField(default=list, blank=True)
+    # A tombstone: the heal found this process dead and released what it held. The row
+    # stays (the workers page lists it among the dead) but no longer counts as alive.
+    released_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self):
         return self.name

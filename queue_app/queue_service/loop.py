@@ -34,6 +34,7 @@ from queue_app.services.storage import references_prune
 log = logging.getLogger(__name__)
 
 EVENT_RETENTION = timedelta(days=1)
+HEARTBEAT_RETENTION = timedelta(days=7)
 REFERENCE_BATCH = 50  # unused uploads removed per minute at most: a short statement each
 ATTEMPT_BATCH, ATTEMPT_PRUNE_BATCHES = 500, 10  # short transactions, 5,000 attempts a minute at most
 # How often the schedule of wake moments is re-read (cool-downs and backoffs written by
@@ -131,6 +132,8 @@ class QueueService:
 
     def step_prune(self) -> bool:
         deleted, _ = ProjectEvent.objects.filter(created_at__lt=timezone.now() - EVENT_RETENTION).delete()
+        # dead processes' rows (tombstones too) once the workers page no longer lists them
+        Heartbeat.objects.filter(seen_at__lt=timezone.now() - HEARTBEAT_RETENTION).delete()
         return deleted > 0
 
     def step_prune_attempts(self, now=None) -> bool:

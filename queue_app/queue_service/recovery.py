@@ -108,7 +108,7 @@ def release_dead_clusters_handoffs() -> int:
     """A worker cluster died: hand-offs no worker has taken yet may sit in its local queue
     and would wait for their lease (claims) or hold (collections) to run out. Release them
     all now — the lapsed claims are healed below, the collections polled again at once —
-    and forget the dead cluster so this happens once per death."""
+    and mark the dead cluster released so this happens once per death."""
     dead = heartbeats.dead_clusters()
     if not dead:
         return 0
@@ -119,7 +119,8 @@ def release_dead_clusters_handoffs() -> int:
         .filter(lease_expires_at__isnull=True, poll_claimed_until__gt=Now())
         .update(poll_claimed_until=None, next_poll_at=db_now())  # a value: the poller's claim compares it
     )
-    Heartbeat.objects.filter(id__in=dead).delete()
+    # a tombstone, not a delete: the workers page lists the dead cluster and what it held
+    Heartbeat.objects.filter(id__in=dead).update(released_at=Now())
     if claims or collections:
         log.warning("worker cluster(s) gone: released %s claims and %s collections they may have held", claims, collections)
     return claims + collections

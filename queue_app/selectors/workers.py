@@ -1,10 +1,12 @@
 """Who is alive and what each one runs: the workers page's reads, from the database alone
 at a constant number of queries.
 
-Live processes are fresh heartbeats. What runs now is the open attempts of processing
-jobs; an attempt names its process `host:pid`, so it is placed under the host's one live
-worker cluster (or "on this host" when there are several). Recently dead processes show
-the attempts on their host that were open while they lived, and what became of each job.
+Live processes are fresh heartbeats not found dead. What runs now is the open attempts of
+processing jobs; an attempt names its worker process `host:pid`, and a cluster's heartbeat
+lists its processes (`children`), so the attempt is placed under its own cluster however
+many share the host (a cluster that never listed them: the host's one live cluster).
+Recently dead processes — stopped beating, or found dead by the heal, which leaves a
+tombstone (`released_at`) — show the attempts they held and what became of each job.
 """
 
 from collections import defaultdict
@@ -56,13 +58,14 @@ def _attempt_row(attempt: JobAttempt, now) -> dict:
 
 def workers_overview(*, user, now=None) -> dict:
     """{"live": [process rows, each with "running": [attempt rows]], "unplaced": [attempt
-    rows on hosts without one live cluster], "dead": [process rows with "held"]}. Four
+    rows no live cluster can be named for], "dead": [process rows with "held"]}. Four
     queries."""
     now = now or timezone.now()
     window = timedelta(seconds=settings.HEARTBEAT_SECONDS * 3)
     beats = list(Heartbeat.objects.filter(seen_at__gte=now - DEAD_WINDOW).order_by("role", "host", "pid"))
-    live = [hb for hb in beats if hb.seen_at >= now - window]
-    dead = sorted((hb for hb in beats if hb.seen_at < now - window), key=lambda hb: hb.seen_at, reverse=True)[:DEAD_ROWS]
+    live = [hb for hb in beats if hb.seen_at >= now - window and hb.released_at is None]
+    gone = [hb for hb in beats if hb not in live]
+    dead = sorted(gone, key=lambda hb: hb.released_at or hb.seen_at, reverse=True)[:DEAD_ROWS]
     placed, unplaced = _running_by_cluster(user, live, now)
     held = _held_by_dead(user, dead, now, window)
     return {
@@ -74,34 +77,44 @@ def workers_overview(*, user, now=None) -> dict:
     }
 
 
+def _names(hb: Heartbeat) -> list[str]:
+    """The `host:pid` names a process's attempts carry: its own and its cluster's children."""
+    return [f"{hb.host}:{pid}" for pid in [hb.pid, *(hb.children or [])]]
+
+
 def _running_by_cluster(user, live: list, now) -> tuple[dict, list]:
-    """({live cluster's heartbeat id: attempt rows}, rows on hosts with no or several live
-    clusters): what each live worker cluster runs now."""
+    """({live cluster's heartbeat id: attempt rows}, rows no cluster can be named for):
+    what each live worker cluster runs now."""
+    clusters = [hb for hb in live if hb.role == Heartbeat.Role.WORKER]
+    by_name = {name: hb for hb in clusters for name in _names(hb)}
     clusters_by_host = defaultdict(list)
-    for hb in live:
-        if hb.role == Heartbeat.Role.WORKER:
-            clusters_by_host[hb.host].append(hb)
+    for hb in clusters:
+        clusters_by_host[hb.host].append(hb)
     running = _attempts(user).filter(outcome=Outcome.RUNNING, job__status=Status.PROCESSING).order_by("started_at")
     placed: dict = defaultdict(list)
     unplaced = []
     for attempt in running[:RUNNING_ROWS]:
         row = _attempt_row(attempt, now)
-        clusters = clusters_by_host.get(row["host"], [])
-        if len(clusters) == 1:
-            placed[clusters[0].id].append(row)
+        cluster = by_name.get(attempt.worker)
+        on_host = clusters_by_host.get(row["host"], [])
+        if cluster is None and len(on_host) == 1 and not on_host[0].children:
+            cluster = on_host[0]  # a cluster that lists no processes (no /proc): the host's one
+        if cluster is not None:
+            placed[cluster.id].append(row)
         else:
             unplaced.append(row)
     return placed, unplaced
 
 
 def _held_by_dead(user, dead: list, now, window: timedelta) -> dict:
-    """{dead process's heartbeat id: attempt rows} of the attempts on its host that were
-    open while it lived (one query for every dead process)."""
+    """{dead process's heartbeat id: attempt rows} of the attempts it (or, when it listed
+    no processes, its host) ran while it lived (one query for every dead process)."""
     held: dict = defaultdict(list)
     if not dead:
         return held
-    on_hosts = Q()
-    for host in {hb.host for hb in dead}:
+    names = {name: hb for hb in dead if hb.children for name in _names(hb)}
+    on_hosts = Q(worker__in=list(names))
+    for host in {hb.host for hb in dead if not hb.children}:
         on_hosts |= Q(worker__startswith=f"{host}:")
     attempts = (
         _attempts(user)
@@ -114,7 +127,8 @@ def _held_by_dead(user, dead: list, now, window: timedelta) -> dict:
     )
     for attempt in attempts:
         ended = attempt.finished_at or now
-        for hb in dead:
+        owners = [names[attempt.worker]] if attempt.worker in names else [hb for hb in dead if not hb.children]
+        for hb in owners:
             if (
                 _host(attempt.worker) == hb.host
                 and hb.started_at <= attempt.started_at <= hb.seen_at + window
@@ -135,5 +149,7 @@ def _process_row(hb: Heartbeat, now, **extra) -> dict:
         "seen_at": hb.seen_at,
         "seen_seconds_ago": (now - hb.seen_at).total_seconds(),
         "up_seconds": (hb.seen_at - hb.started_at).total_seconds(),
+        "released_at": hb.released_at,
+        "released_seconds_ago": (now - hb.released_at).total_seconds() if hb.released_at else None,
         **extra,
     }

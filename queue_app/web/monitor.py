@@ -56,15 +56,17 @@ STATE_CHOICES = [
 
 
 def age(seconds) -> str:
-    """12s, 3m 04s, 2h 05m — the queue latency as an operator reads it."""
+    """12s, 3m 04s, 2h 05m, 3d 04h — the queue latency as an operator reads it."""
     if seconds is None:
         return "—"
-    seconds = int(seconds)
+    seconds = max(int(seconds), 0)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
         return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600:02d}h"
 
 
 def _int_or_none(value):

@@ -14,9 +14,10 @@ from queue_app.web.monitor import REFRESH_SECONDS, age
 
 
 def _ages(rows, *keys):
+    """Each `x_seconds…` value also as `x…` in human units (3m 04s), never a raw float."""
     for row in rows:
         for key in keys:
-            row[key.replace("_seconds", "")] = age(row[key])
+            row[key.replace("_seconds", "")] = age(row[key]) if row[key] is not None else ""
     return rows
 
 
@@ -27,7 +28,7 @@ def workers(request):
         _ages([process], "seen_seconds_ago", "up_seconds")
         _ages(process["running"], "running_seconds")
     for process in overview["dead"]:
-        _ages([process], "seen_seconds_ago", "up_seconds")
+        _ages([process], "seen_seconds_ago", "up_seconds", "released_seconds_ago")
     _ages(overview["unplaced"], "running_seconds")
     context = {"overview": overview, "refresh_seconds": REFRESH_SECONDS}
     template = "queue_app/workers_live.html" if request.GET.get("fragment") else "queue_app/workers.html"
