@@ -104,3 +104,18 @@ def test_the_api_pages_a_projects_jobs_by_key_too(owner, project):
     second = client.get(url + first["next_cursor"]).json()
     ids = [job["id"] for job in first["jobs"] + second["jobs"]]
     assert ids == [str(job.id) for job in reversed(jobs)] and second["next_cursor"] is None
+
+
+def test_the_api_lists_projects_and_providers_by_key_when_asked(owner, provider):
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.token_create(user=owner, name='lists')[1]}")
+    projects = [make_project(owner, provider, name=f"P{n}") for n in range(3)]
+    first = client.get("/api/projects?limit=2").json()
+    projects[0].delete()  # seen already: the next page does not shift back
+    make_project(owner, provider, name="late")
+    second = client.get(f"/api/projects?limit=2&cursor={first['next_cursor']}").json()
+    names = [row["name"] for row in first["projects"] + second["projects"]]
+    assert names == ["P0", "P1", "P2", "late"] and second["next_cursor"] is None
+    assert "next_cursor" not in client.get("/api/projects").json()  # without asking: the whole list
+    page = client.get("/api/providers?cursor=").json()
+    assert [row["id"] for row in page["providers"]] == [provider.id] and page["next_cursor"] is None
+    assert client.get("/api/providers?cursor=nope").json()["field"] == "cursor"

@@ -19,7 +19,7 @@ from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
 from queue_app.services.projects import project_create, project_delete, project_set_archived, project_update
 from queue_app.services.providers import provider_delete, provider_save, provider_test_key, provider_work
-from queue_app.web import api, schemas
+from queue_app.web import api, cursors, schemas
 from queue_app.web.api import answer, endpoint, visible_project
 
 ARCHIVED = {"false": False, "true": True, "all": None}
@@ -30,7 +30,8 @@ def projects_view(request, body):
     if request.method == "GET":
         query = schemas.validate_query(schemas.ProjectsQuery, request.GET)
         projects = own_projects(request.user, archived=ARCHIVED[query.archived])
-        return answer({"projects": [project_json(project, counts=project.counts) for project in projects]})
+        rows = [project_json(project, counts=project.counts) for project in projects]
+        return answer(paged(request, query, "projects", rows))
     payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),
@@ -39,6 +40,17 @@ def projects_view(request, body):
         run=lambda: (project_json(project_create(user=request.user, data=body)), 201),
     )
     return answer(payload, code)
+
+
+def paged(request, query, key: str, rows: list[dict]) -> dict:
+    """`rows` whole, or (asked with `cursor` or `limit`) one page of them by id: a row
+    created or deleted between two pages neither repeats nor hides another."""
+    if "cursor" not in request.GET and query.limit is None:
+        return {key: rows}
+    after, limit = cursors.after_id(query.cursor), query.limit or 50
+    rows = sorted((row for row in rows if row["id"] > after), key=lambda row: row["id"])
+    page = rows[:limit]
+    return {key: page, "next_cursor": cursors.id_cursor(page[-1]["id"]) if len(rows) > limit else None}
 
 
 def project_change(user, project: Project, body: dict) -> Project:
@@ -102,8 +114,9 @@ def visible_provider(user, provider_id) -> Provider:
 @endpoint("GET", "POST")
 def providers_view(request, body):
     if request.method == "GET":
-        providers = visible_to(request.user, Provider)
-        return answer({"providers": [provider_json(p) for p in providers.order_by("id")]})
+        query = schemas.validate_query(schemas.PageQuery, request.GET)
+        rows = [provider_json(p) for p in visible_to(request.user, Provider).order_by("id")]
+        return answer(paged(request, query, "providers", rows))
     payload, code = idempotent(
         user=request.user,
         key=request.headers.get("Idempotency-Key"),

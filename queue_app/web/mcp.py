@@ -6,6 +6,8 @@ answers (GET and DELETE answer 405). It follows the specification (2025-06-18, w
 2025-11-25 offered): every failure is a JSON-RPC error, an `Origin` must be ours or
 allowed (DNS rebinding), an unknown `MCP-Protocol-Version` answers 400, a posted
 notification 202, and a 401 points at /.well-known/oauth-protected-resource (RFC 9728).
+Album outputs are resources (mcp_resources.py); answers hold what the client's version
+defines (mcp_versions.py).
 """
 
 import asyncio
@@ -103,8 +105,10 @@ def handle(request, user, message: dict):
             "protocolVersion": asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0],
             "capabilities": {"tools": {"listChanged": False}, "resources": {"listChanged": False, "subscribe": False}},
             "serverInfo": SERVER_INFO,
-            "instructions": "Tools to operate the Remix Studio generation queue: find projects, providers and jobs; "
-            "create drafts, start, retry and clear jobs; pause, resume and size providers.",
+            "instructions": "Tools to operate the Remix Studio generation queue: set up provider records and projects, "
+            "ask project_options what a project's drafts can set, create drafts, start them (wait: true streams "
+            "progress), and read each output through resources/read or its download_url. Refusals carry "
+            "{code, message, retriable, field} in structuredContent.",
         }
     if method == "ping":
         return {}

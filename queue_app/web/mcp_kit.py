@@ -1,6 +1,6 @@
 """What every MCP tool is made of: the call's Context, the Tool row (arguments and result
 as pydantic models, annotations, handler), and its description made small enough for a
-model to read the whole list (issue 32: tools/list under 12 KB)."""
+model to read the whole list (tools/list under 12 KB)."""
 
 from dataclasses import dataclass, field
 
@@ -27,7 +27,6 @@ class Context:
 @dataclass(frozen=True)
 class Tool:
     name: str
-    title: str
     description: str
     arguments: type[BaseModel]
     result: type[BaseModel]
@@ -37,7 +36,7 @@ class Tool:
     terse: tuple = ()  # fields another tool already describes: their types only
 
     def describe(self) -> dict:
-        # no display title: the name reads well, and every byte of the list is read by a model
+        # no display title: the name reads well, and a model reads every byte of the list
         return {
             "name": self.name,
             "description": self.description,
@@ -111,6 +110,8 @@ GENERIC = {
     "what its jobs make",
     "write-only",
     "rows per breakdown",
+    "nextCursor of the last page",
+    "also count per project, provider or both",
 }
 
 

@@ -114,7 +114,6 @@ def comfyui_inputs(project) -> list[dict] | None:
 TOOLS = [
     Tool(
         "project_options",
-        "Project options",
         "A project's models, each setting's values for one model, a ComfyUI workflow's bound inputs.",
         A.ProjectOptionsArgs,
         A.ProjectOptions,
@@ -123,7 +122,6 @@ TOOLS = [
     ),
     Tool(
         "save_project",
-        "Save a project",
         "Without project_id: a new project; with it: change the fields given.",
         A.SaveProjectArgs,
         A.ProjectOut,
@@ -132,9 +130,7 @@ TOOLS = [
     ),
     Tool(
         "save_provider",
-        "Save a provider",
-        "Without provider_id: a new record; with it: change the fields given. The key is never returned; a new "
-        "base_url or family needs it again.",
+        "Without provider_id: a new record; with it: change the fields given. The key is never returned.",
         A.SaveProviderArgs,
         A.ProviderRecord,
         {**CREATES, "openWorldHint": True},  # resuming or raising concurrency starts queued work
@@ -142,7 +138,6 @@ TOOLS = [
     ),
     Tool(
         "update_draft",
-        "Edit a draft",
         "Change the fields given.",
         A.UpdateDraftArgs,
         A.DraftOut,
@@ -153,8 +148,7 @@ TOOLS = [
     ),
     Tool(
         "list_album",
-        "List album items",
-        "Outputs newest first, each with url and download_url (see get_job).",
+        "Outputs newest first (url, download_url as in get_job).",
         A.ListAlbumArgs,
         A.AlbumPage,
         READ,
@@ -162,8 +156,7 @@ TOOLS = [
     ),
     Tool(
         "delete",
-        "Delete",
-        "Delete a project (with its jobs and album), a provider record without work, a draft, or an album item.",
+        "A project (its jobs, album), a provider without work, a draft, an album item.",
         A.DeleteArgs,
         A.Deleted,
         DELETES,

@@ -164,28 +164,25 @@ CLEARS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": Fals
 TOOLS = [
     Tool(
         "get_queue_status",
-        "Queue status",
-        "The Queue Monitor's totals, optionally per project or provider.",
+        "The Queue Monitor's totals.",
         A.QueueStatusArgs,
         A.QueueStatusOut,
         READ,
         queue_status,
     ),
-    Tool("list_projects", "List projects", "Your projects, oldest first.", A.ListArgs, A.ProjectPage, READ, list_projects),
+    Tool("list_projects", "Your projects, oldest first.", A.ListArgs, A.ProjectPage, READ, list_projects),
     Tool(
         "get_project",
-        "Get a project",
         "A project: kind, provider, default settings, jobs per status.",
         A.ProjectArgs,
         A.ProjectDetail,
         READ,
         get_project,
     ),
-    Tool("list_providers", "List providers", "Your provider records.", A.ListArgs, A.ProviderPage, READ, list_providers),
-    Tool("get_provider", "Get a provider", "One provider record.", A.ProviderArgs, A.ProviderOut, READ, get_provider),
+    Tool("list_providers", "Your provider records.", A.ListArgs, A.ProviderPage, READ, list_providers),
+    Tool("get_provider", "One provider record.", A.ProviderArgs, A.ProviderOut, READ, get_provider),
     Tool(
         "list_jobs",
-        "List jobs",
         "Jobs newest first, with why each waits.",
         A.ListJobsArgs,
         A.JobPage,
@@ -194,9 +191,7 @@ TOOLS = [
     ),
     Tool(
         "get_job",
-        "Get a job",
-        "A job: state, error, resolved settings, attempts, outputs (url: resources/read or with the token; "
-        "download_url: without credentials, 15 minutes).",
+        "A job: state, error, settings, attempts, outputs (url: resources/read; download_url: 15 min, no token).",
         A.JobArgs,
         A.JobDetail,
         READ,
@@ -204,7 +199,6 @@ TOOLS = [
     ),
     Tool(
         "create_drafts",
-        "Create drafts",
         "Drafts of a prompt, free until started (project_options: what a project takes). The result says what they "
         "will run with (resolved, adjusted).",
         S.CreateDraftsArgs,
@@ -215,7 +209,6 @@ TOOLS = [
     ),
     Tool(
         "estimate_start",
-        "Estimate a start",
         "What starting drafts would cost per provider and currency; unknown prices counted apart. Starts nothing.",
         A.EstimateArgs,
         A.CostEstimate,
@@ -224,18 +217,16 @@ TOOLS = [
     ),
     Tool(
         "start_jobs",
-        "Start jobs",
         "Queue jobs to run on the provider: may cost money.",
         S.StartJobsArgs,
         S.JobsStarted,
         STARTS_WORK,
         start_jobs,
     ),
-    Tool("retry_jobs", "Retry jobs", "Queue chosen failed jobs again.", A.RetryJobsArgs, S.JobsRetried, STARTS_WORK, retry_jobs),
+    Tool("retry_jobs", "Queue chosen failed jobs again.", A.RetryJobsArgs, S.JobsRetried, STARTS_WORK, retry_jobs),
     Tool(
         "cancel_jobs",
-        "Cancel jobs",
-        "Pending or processing jobs fail as cancelled (the provider's task too, where it can).",
+        "Pending or processing jobs fail as cancelled.",
         A.CancelJobsArgs,
         S.JobsCancelled,
         CANCELS,
@@ -243,7 +234,6 @@ TOOLS = [
     ),
     Tool(
         "retry_failed_jobs",
-        "Retry failed jobs",
         "Queue every failed job of a scope again.",
         S.FailedScope,
         S.FailedResult,
@@ -252,7 +242,6 @@ TOOLS = [
     ),
     Tool(
         "clear_failed_jobs",
-        "Clear failed jobs",
         "Delete the failed jobs of a scope (outputs kept).",
         S.FailedScope,
         S.FailedResult,

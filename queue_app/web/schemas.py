@@ -87,7 +87,7 @@ IdempotencyKey = Annotated[
 def idempotency_key_field():
     """The optional `idempotency_key` argument of the MCP tools that do work (the REST API
     takes the same key as the Idempotency-Key header)."""
-    return Field(None, description="a repeat with the same arguments replays the first result")
+    return Field(None, description="a repeat replays the first result")
 
 
 def _option(values: list[str]):
@@ -233,7 +233,7 @@ class StartJobsArgs(StartJobs):
     project_id: ProjectId
     wait: StrictBool = Field(
         False,
-        description="answer when they finish (SSE; a JSON-only client is told to poll)",
+        description="answer when they finish (SSE)",
     )
     wait_seconds: StrictInt = Field(120, ge=1, le=600, description="the longest wait")
     idempotency_key: IdempotencyKey | None = idempotency_key_field()
@@ -295,7 +295,15 @@ class ProviderRow(Output):
 # --- Job lists --------------------------------------------------------------------------
 
 
-class ProjectsQuery(Query):
+class PageQuery(Query):
+    """A list paged by key: with `cursor` (empty for the first page) or `limit`, the answer
+    is one page and `next_cursor` (null on the last); without either, the whole list."""
+
+    cursor: str | None = Field(None, max_length=200, description="next_cursor of the last page (empty: the first)")
+    limit: int | None = Field(None, ge=1, le=limits.PAGE_SIZE, description="rows per page")
+
+
+class ProjectsQuery(PageQuery):
     archived: Literal["false", "true", "all"] = Field("false", description="archived projects: hidden, only them, or all")
 
 
