@@ -73,3 +73,15 @@ def test_a_completed_jobs_lost_civitai_workflow_is_found_by_its_tag_and_cancelle
         assert orphans.sweep() == 1
         assert civitai.workflows[workflow]["canceled"]
     assert JobAttempt.objects.get(job=job).task_id == workflow
+
+
+@pytest.mark.django_db(transaction=True)  # the sweep's thread reads committed rows
+def test_the_queue_service_sweeps_on_a_thread_of_its_own(owner, fake):
+    from queue_app.queue_service.loop import QueueService
+
+    job, prediction = _lost_submission(owner, fake, Status.FAILED, error_class=ErrorClass.CANCELLED)
+    service = QueueService()
+    assert service.step_orphans() is False  # the loop goes on at once: heal and dispatch wait for no provider
+    service.orphan_sweep.join(timeout=30)
+    assert fake.predictions[prediction].canceled
+    assert JobAttempt.objects.get(job=job).task_id == prediction

@@ -17,6 +17,7 @@ attempts older than ATTEMPT_RETENTION_DAYS (their counts kept in the tallies).
 import logging
 import os
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -53,6 +54,7 @@ class QueueService:
         self.stopping = False
         self.poller: poll_pool.Poller | None = None
         self.push_sender: outbox.Sender | None = None
+        self.orphan_sweep: threading.Thread | None = None
         self.wake_at = None  # the next cool-down or backoff end, from wake_schedule
         self.wake_read_at = None
         self.clock_offset = timedelta(0)  # the database's clock minus this process's
@@ -152,7 +154,11 @@ class QueueService:
         return references_prune(now=now, batch=REFERENCE_BATCH) > 0
 
     def step_orphans(self) -> bool:
-        return orphans.sweep() > 0
+        # On its own thread (provider requests), one sweep at a time.
+        if self.orphan_sweep is None or not self.orphan_sweep.is_alive():
+            self.orphan_sweep = threading.Thread(target=orphans.sweep_in_thread, name="orphan-sweep", daemon=True)
+            self.orphan_sweep.start()
+        return False
 
     def step_notify(self, now=None) -> bool:
         # Pushes are sent on the sender's own threads; this step only starts them.

@@ -43,6 +43,19 @@ def unsettled_of_ended_jobs(now=None) -> list[JobAttempt]:
     return list(rows.select_related("job").order_by("finished_at")[:BATCH])
 
 
+def sweep_in_thread() -> None:
+    """One sweep on a thread of its own: its provider requests must never hold up the
+    service's loop (healing, dispatch), however long a provider takes to answer."""
+    from django.db import connection
+
+    try:
+        sweep()
+    except Exception:
+        log.exception("orphan sweep failed")
+    finally:
+        connection.close()
+
+
 def sweep(now=None) -> int:
     """Cancel the orphans found; returns how many were cancelled."""
     cancelled = 0
