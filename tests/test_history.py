@@ -241,3 +241,27 @@ def test_an_attempt_copies_its_jobs_provider_owner_and_queued_time_when_it_opens
         assert attempt.provider_id == (job.provider_id or job.project.provider_id)
         assert attempt.owner_id == owner.id
         assert attempt.queued_at is not None and attempt.queued_at == job.queued_at
+
+
+def test_lost_ambiguous_and_interrupted_attempts_are_counted_apart_from_failed(client, owner, ran, settings):
+    """A clean restart (a worker or a ComfyUI instance) ends attempts lost, interrupted or
+    ambiguous: the history shows them apart, in amber, and no red "failed" for them."""
+    settings.ALERT_MIN_ATTEMPTS = 2
+    Job.objects.filter(project__provider=ran["fast"]).update(status=Status.PENDING)
+    done = list(JobAttempt.objects.filter(job__project__provider=ran["fast"]).order_by("id"))
+    for attempt, outcome in zip(done, ("lost", "ambiguous", "interrupted"), strict=False):
+        JobAttempt.objects.filter(id=attempt.id).update(outcome=outcome)
+    client.force_login(owner)
+    response = client.get("/queue/")
+    fast = history_row(response, ran["fast"].id)
+    assert (fast["completed"], fast["failed"], fast["lost"]) == (2, 0, 3)
+    assert history_row(response, "all")["failed"] == 3  # Broken's permanent failures alone
+    svg = str(fast["chart"])
+    assert 'fill="#dc2626"' not in svg and 'fill="#d97706"' in svg
+    assert sum(int(n) for n in re.findall(r'data-lost="(\d+)"', svg)) == 3
+    html = response.content.decode()
+    row = html.split(f'data-history="{ran["fast"].id}"')[1].split("</tr>")[0]
+    assert "<span data-failed>0</span> failed" in row and "3</span> lost or cancelled" in row
+    # and the failure rate behind the alert does not count them either
+    rates = selectors_history.failure_rates(user=owner)
+    assert rates[ran["fast"].id] == (0, 5)

@@ -21,9 +21,15 @@ from queue_app.models import JobAttempt
 
 Outcome = JobAttempt.Outcome
 
-# Ends of an attempt that count as a failure in the charts and the failure rate. A
-# "detached" attempt handed its remote task to the poller; "running" has not ended.
-FAILED_OUTCOMES = tuple(o.value for o in Outcome if o not in (Outcome.RUNNING, Outcome.COMPLETED, Outcome.DETACHED))
+# Ends of an attempt that count as a failure in the charts and the failure rate: the
+# provider or our call failed. An attempt whose worker stopped (interrupted, lost), whose
+# answer never came (ambiguous) or that was cancelled did not fail: a clean restart of a
+# worker or a ComfyUI instance is counted apart ("lost"), never in red. A "detached"
+# attempt handed its remote task to the poller; "running" has not ended.
+FAILED_OUTCOMES = tuple(
+    o.value for o in (Outcome.PERMANENT, Outcome.TRANSIENT, Outcome.RATE_LIMITED, Outcome.TIMEOUT, Outcome.LOCAL)
+)
+LOST_OUTCOMES = tuple(o.value for o in (Outcome.INTERRUPTED, Outcome.LOST, Outcome.AMBIGUOUS, Outcome.CANCELLED))
 
 # The histograms' bounds, shared with the tallies of deleted attempts.
 WAIT_BUCKETS, RUN_BUCKETS = attempt_tally.WAIT_BUCKETS, attempt_tally.RUN_BUCKETS
@@ -109,11 +115,11 @@ def percentiles(histogram: dict, qs=(0.5, 0.95, 0.99)) -> dict:
 
 
 def throughput(*, user=None, range_name: str = "hour", now=None) -> dict:
-    """Attempts that ended completed / failed per bin over the last hour (1-minute bins) or
-    day (15-minute bins), per provider id: {"bins": [start datetimes], "providers":
-    {provider_id: {"completed": [n per bin], "failed": [...], "rate_limited": [...]}}}
-    (rate-limited attempts count as failed and are also counted apart). One grouped query; the
-    database bins the end times itself (EpochBin)."""
+    """Attempts that ended completed / failed / lost per bin over the last hour (1-minute
+    bins) or day (15-minute bins), per provider id: {"bins": [start datetimes], "providers":
+    {provider_id: {"completed": [n per bin], "failed": [...], "lost": [...], "rate_limited":
+    [...]}}} (rate-limited attempts count as failed and are also counted apart; "lost" is
+    LOST_OUTCOMES). One grouped query; the database bins the end times itself (EpochBin)."""
     window, step = RANGES.get(range_name, RANGES["hour"])
     now = now or timezone.now()
     step_seconds = int(step.total_seconds())
@@ -130,14 +136,21 @@ def throughput(*, user=None, range_name: str = "hour", now=None) -> dict:
         .order_by()
     )
     size = int(window / step)
-    series: dict = defaultdict(lambda: {"completed": [0] * size, "failed": [0] * size, "rate_limited": [0] * size})
+    series: dict = defaultdict(lambda: {key: [0] * size for key in ("completed", "failed", "lost", "rate_limited")})
     for row in rows:
         index = int(row["bin"]) - first_bin
         if 0 <= index < size:
-            series[row["provider_id"]]["completed" if row["outcome"] == Outcome.COMPLETED else "failed"][index] += row["n"]
+            series[row["provider_id"]][outcome_kind(row["outcome"])][index] += row["n"]
             if row["outcome"] == Outcome.RATE_LIMITED:  # a failure too; the hover names it
                 series[row["provider_id"]]["rate_limited"][index] += row["n"]
     return {"bins": [start + step * i for i in range(size)], "step_seconds": step_seconds, "providers": dict(series)}
+
+
+def outcome_kind(outcome: str) -> str:
+    """ "completed", "failed" or "lost" (LOST_OUTCOMES): how the history counts an end."""
+    if outcome == Outcome.COMPLETED:
+        return "completed"
+    return "lost" if outcome in LOST_OUTCOMES else "failed"
 
 
 def _floor(moment, seconds: int):

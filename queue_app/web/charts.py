@@ -12,7 +12,7 @@ from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
 BAR_GAP = 1
-COLORS = {"completed": "#16a34a", "failed": "#dc2626"}
+COLORS = {"completed": "#16a34a", "failed": "#dc2626", "lost": "#d97706"}
 
 
 @lru_cache(maxsize=32)
@@ -25,10 +25,12 @@ def _frame(bins: tuple, width: int) -> tuple[list[tuple[str, float]], str]:
 
 
 def throughput_svg(
-    *, bins, completed, failed, step_seconds: int, label: str, rate_limited=None, width: int = 480, height: int = 70
+    *, bins, completed, failed, step_seconds: int, label: str, lost=None, rate_limited=None, width: int = 480, height: int = 70
 ):
-    """Stacked bars per bin (completed below, failed on top), with a <title> per bin."""
-    peak = max([c + f for c, f in zip(completed, failed, strict=True)] + [1])
+    """Stacked bars per bin (completed below, lost in amber, failed in red on top), with a
+    <title> per bin."""
+    lost = lost or [0] * len(completed)
+    peak = max([c + f + s for c, f, s in zip(completed, failed, lost, strict=True)] + [1])
     frame, bar = _frame(tuple(bins), width)
     per = "min" if step_seconds == 60 else f"{step_seconds // 60} min"
     parts = [
@@ -38,20 +40,20 @@ def throughput_svg(
         f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" stroke="#d1d5db"/>',
     ]
     for i, (hhmm, x) in enumerate(frame):
-        c, f = completed[i], failed[i]
-        parts.append(f'<g data-bin="{hhmm}" data-completed="{c}" data-failed="{f}">')
+        c, f, s = completed[i], failed[i], lost[i]
+        parts.append(f'<g data-bin="{hhmm}" data-completed="{c}" data-failed="{f}" data-lost="{s}">')
         limited = rate_limited[i] if rate_limited else 0
         note = f" ({limited} rate-limited)" if limited else ""
-        parts.append(f"<title>{hhmm} UTC, {per}: {c} completed, {f} failed{note}</title>")
+        stopped = f", {s} lost" if s else ""
+        parts.append(f"<title>{hhmm} UTC, {per}: {c} completed, {f} failed{note}{stopped}</title>")
         # an invisible full-height bar, so an empty bin still answers a hover
         parts.append(f'<rect x="{x}" y="0" width="{bar}" height="{height}" fill="transparent"/>')
-        c_h = round(height * c / peak, 2)
-        f_h = round(height * f / peak, 2)
-        if c:
-            parts.append(f'<rect x="{x}" y="{height - c_h}" width="{bar}" height="{c_h}" fill="{COLORS["completed"]}"/>')
-        if f:
-            y = height - c_h - f_h
-            parts.append(f'<rect x="{x}" y="{y}" width="{bar}" height="{f_h}" fill="{COLORS["failed"]}"/>')
+        top = height
+        for value, color in ((c, "completed"), (s, "lost"), (f, "failed")):
+            if value:
+                h = round(height * value / peak, 2)
+                top = round(top - h, 2)
+                parts.append(f'<rect x="{x}" y="{top}" width="{bar}" height="{h}" fill="{COLORS[color]}"/>')
         parts.append("</g>")
     if bins:
         parts.append(f'<text x="0" y="{height + 12}" font-size="10" fill="#6b7280">{bins[0]:%H:%M}</text>')

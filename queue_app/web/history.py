@@ -1,4 +1,5 @@
-"""The monitor's history and alerts: charts of attempts completed and failed per minute
+"""The monitor's history and alerts: charts of attempts completed, failed and lost
+(worker stopped, ambiguous or cancelled: not a failure) per minute
 (last hour) or per 15 minutes (last day), per provider; queue wait and run time
 percentiles; and the alerts on each provider row.
 
@@ -57,15 +58,14 @@ def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
     names = {row["id"]: row["name"] for row in summary.get("providers", [])}
     bins = series["bins"]
     size = len(bins)
-    all_completed, all_failed, all_limited = [0] * size, [0] * size, [0] * size
+    totals = {key: [0] * size for key in ("completed", "failed", "lost", "rate_limited")}
     rows = []
     for provider_id, counts in series["providers"].items():
-        for i in range(size):
-            all_completed[i] += counts["completed"][i]
-            all_failed[i] += counts["failed"][i]
-            all_limited[i] += counts["rate_limited"][i]
+        for key, values in totals.items():
+            for i in range(size):
+                values[i] += counts[key][i]
         rows.append((provider_id, counts))
-    rows.sort(key=lambda item: -(sum(item[1]["completed"]) + sum(item[1]["failed"])))
+    rows.sort(key=lambda item: -(sum(item[1]["completed"]) + sum(item[1]["failed"]) + sum(item[1]["lost"])))
 
     def entry(provider_id, name, counts):
         wait = selectors_history.percentiles(waits.get(provider_id) or _empty())
@@ -75,13 +75,15 @@ def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
             "name": name,
             "completed": sum(counts["completed"]),
             "failed": sum(counts["failed"]),
+            "lost": sum(counts["lost"]),
             "chart": charts.throughput_svg(
                 bins=bins,
                 completed=counts["completed"],
                 failed=counts["failed"],
+                lost=counts["lost"],
                 rate_limited=counts.get("rate_limited"),
                 step_seconds=series["step_seconds"],
-                label=f"{name}: attempts completed and failed",
+                label=f"{name}: attempts completed, failed and lost",
             ),
             "wait": {k: charts.seconds(v) for k, v in wait.items()},
             "run": {k: charts.seconds(v) for k, v in run.items()},
@@ -89,7 +91,7 @@ def _from_attempt_log(*, user, summary: dict, range_name: str, now) -> dict:
             "run_count": (runs.get(provider_id) or _empty())["count"],
         }
 
-    charts_rows = [entry("all", "All providers", {"completed": all_completed, "failed": all_failed, "rate_limited": all_limited})]
+    charts_rows = [entry("all", "All providers", totals)]
     for provider_id, counts in rows[:CHART_ROWS]:
         name = names.get(provider_id) or ("no provider (runner)" if provider_id is None else f"provider {provider_id}")
         charts_rows.append(entry(provider_id, name, counts))
