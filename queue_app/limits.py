@@ -86,6 +86,14 @@ UPLOAD_BYTES = 64 * 1024 * 1024
 # Uploaded references no draft names any more are deleted after this long (queue service).
 REFERENCE_GRACE_SECONDS = 24 * 3600
 JOB_IDS = 500  # job ids per start / retry request
+# The combinations generator (services/combinations.py): drafts one request makes, the
+# combinations a workflow may hold, its items, a wildcard list's values, a seed.
+GENERATED_DRAFTS = Range(1, 10_000, "quantity")
+COMBINATIONS = 100_000
+WORKFLOW_ITEMS = 200
+WILDCARD_VALUES = 1000
+WILDCARD_NAME_CHARS = 60
+SEED = Range(0, 2**32 - 1, "seed")
 
 # --- Images -------------------------------------------------------------------------------
 # Decoded pixels of any image we open (outputs, posters, references), read from the header

@@ -21,7 +21,7 @@ from queue_app.selectors.job_list import jobs_after
 from queue_app.selectors.visibility import provider_visible
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_start
-from queue_app.web import agent_schemas, album_api, api, api_manage, cursors, mcp_manage, schemas
+from queue_app.web import agent_schemas, album_api, api, api_manage, cursors, mcp_batches, mcp_manage, schemas
 from queue_app.web.mcp_kit import READ, STARTS_WORK, Context, Tool, once
 
 MAX_INLINE_IMAGES = 4
@@ -249,6 +249,7 @@ TOOLS = [
         clear_failed,
     ),
     *mcp_manage.TOOLS,
+    *mcp_batches.TOOLS,
 ]
 BY_NAME = {tool.name: tool for tool in TOOLS}
 

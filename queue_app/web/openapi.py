@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from queue_app.web import agent_schemas as A
+from queue_app.web import batch_schemas as B
 from queue_app.web import manage_schemas as M
 from queue_app.web import schemas as S
 
@@ -31,6 +32,7 @@ PATH_IDS = {
     "provider_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
     "job_id": {"type": "string", "format": "uuid"},
     "item_id": {"type": "integer", "minimum": 1, "maximum": S.MAX_ID},
+    "name": {"type": "string", "minLength": 1, "maxLength": 60},
 }
 FILE = {"*/*": {"schema": {"type": "string", "format": "binary"}}}
 REFUSALS = (
@@ -147,6 +149,19 @@ OPERATIONS = [
         "An album item's file, streamed: with the token, or without one through a download_url (?sig=, 15 minutes)",
         media=FILE,
     ),
+    Op(
+        "/api/projects/{project_id}/generate",
+        "post",
+        "generate_drafts",
+        "Count, preview and (create: true) make the drafts of a workflow's combinations",
+        B.GenerateDrafts,
+        result=B.DraftsGenerated,
+        idempotent=True,
+    ),
+    Op("/api/projects/{project_id}/workflow", "get", "get_workflow", "A project's stored workflow", result=B.Workflow),
+    Op("/api/wildcards", "get", "list_wildcards", "Your named wildcard lists", result=B.WildcardLists),
+    Op("/api/wildcards", "post", "save_wildcards", "Save a wildcard list", B.WildcardListIn, result=B.WildcardListOut),
+    Op("/api/wildcards/{name}", "delete", "delete_wildcards", "Delete a wildcard list"),
     Op("/api/openapi.json", "get", "openapi", "This document", public=True),
 ]
 
