@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queue_app.selectors.jobs import jobs_by_status
 from queue_app.services.errors import ServiceError
-from queue_app.web import api, mcp_resources, mcp_tools, mcp_versions, refusals, schemas, tokens
+from queue_app.web import api, mcp_kit, mcp_resources, mcp_tools, mcp_versions, refusals, schemas, tokens
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ RESOURCE_METHODS = ("resources/list", "resources/templates/list", "resources/rea
 
 # The tools as MCP lists them. Another module may append a tool here (a dict with
 # inputSchema) with its handler in HANDLERS (user, arguments dict) -> dict.
-TOOLS = [tool.describe() for tool in mcp_tools.TOOLS]
+TOOLS = mcp_kit.described_once([tool.describe() for tool in mcp_tools.TOOLS])
 HANDLERS = {}
 
 

@@ -135,6 +135,20 @@ def _small(prop: dict, *, loose: bool) -> dict:
     return prop
 
 
+def described_once(tools: list[dict]) -> list[dict]:
+    """The described tools with an argument's description left out where an earlier tool
+    gives the same argument the same words (`terse`, for every tool at once): room in the
+    list for one more tool."""
+    seen = set()
+    for tool in tools:
+        for name, prop in tool["inputSchema"].get("properties", {}).items():
+            said = (name, prop.get("description"))
+            if said[1] is not None and said in seen:
+                del prop["description"]
+            seen.add(said)
+    return tools
+
+
 def shallow(schema: dict) -> dict:
     """An output schema naming the top-level fields every result has: what an agent
     branches on, in a fraction of the bytes of the nested schema (the JSON API's OpenAPI
