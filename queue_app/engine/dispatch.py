@@ -139,7 +139,7 @@ def _claim_rows(
     started_at = timezone.now()
     # A handover's one job is claimed under its worker's lease: no lease_take after.
     owner = lease_owner if into_slot is not None else ""
-    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner=owner, started_at=started_at)
+    claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner=owner, started_at=started_at, provider=provider)
     for job_id, token in claimed[1:] if hold_one else claimed:
         enqueue.enqueue_execution(job_id, token)
     by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}

@@ -24,7 +24,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import events, failpoints, hot_sql, model_sql, project_runs
+from queue_app.engine import events, failpoints, hot_sql, ledger, model_sql, project_runs
 from queue_app.engine.attempts import (
     OPEN,
     Outcome,
@@ -37,7 +37,7 @@ from queue_app.engine.attempts import (
 )
 from queue_app.engine.clock import db_now
 from queue_app.engine.leases import lease_expiry, lease_reissue
-from queue_app.models import ErrorClass, Job, Status, fence
+from queue_app.models import ErrorClass, Job, Provider, Status, fence
 
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
 # What a start or retry clears, and what every claim resets.
@@ -90,13 +90,15 @@ def jobs_to_pending(job_ids, *, from_statuses: tuple, kind: str = "job.started")
 CLAIM_CHUNK = 500  # jobs per claiming UPDATE
 
 
-def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None) -> list[tuple]:
+def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None, provider=None) -> list[tuple]:
     """pending → processing for [(job, slot, snapshot)] under dispatch's provider lock:
     each job into its slot with its snapshot and a fresh lease token, one UPDATE per
     chunk and one event write per project. Returns [(job_id, token)] that moved, in
     order. `owner` empty: the claim waits in the broker for a worker (lease_take), under
-    the longer claim lease; named: a handover, whose worker holds the lease already."""
+    the longer claim lease; named: a handover, whose worker holds the lease already. Each
+    claim reserves its estimate in the ledger in the same transaction (engine/ledger.py)."""
     claimed, started_at = [], started_at or timezone.now()
+    provider = provider or Provider.objects.get(id=provider_id)
     ttl = settings.LEASE_TTL_SECONDS if owner else settings.CLAIM_TTL_SECONDS
     for start in range(0, len(claims), CLAIM_CHUNK):
         chunk = {job.id: (job, slot, snap) for job, slot, snap in claims[start : start + CLAIM_CHUNK]}
@@ -105,6 +107,7 @@ def jobs_claim(claims, *, provider_id: int, owner: str, started_at=None) -> list
             rows = [(job_id, provider_id, slot, tokens[job_id], snap) for job_id, (_, slot, snap) in chunk.items()]
             moved = hot_sql.claim_into_slots(rows, owner=owner, started_at=started_at, expiry=lease_expiry(ttl))
             ids = [job_id for job_id in chunk if job_id in moved]
+            ledger.reserve(provider, [(chunk[i][0], chunk[i][2], tokens[i]) for i in ids])
             events.emit_grouped(
                 [(chunk[i][0].project_id, "job.claimed", i, Status.PROCESSING, {"slot": chunk[i][1]}) for i in ids]
             )
@@ -238,17 +241,20 @@ def jobs_back_to_polling(job_ids, *, gone: Q) -> list:
     return ids
 
 
-def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict, ending, held=None) -> bool:
-    """`ending`: (attempt, outcome, reason) for the attempt this ends. `held`: the job's
-    row, locked under `token` by the caller in this transaction (the output writer's)."""
+def _leave_processing(
+    job_id, token, *, new_status: str, kind: str, fields: dict, payload: dict, ending, held=None, cost=None
+) -> bool:
+    """`ending`: (attempt, outcome, reason) for the attempt this ends, and the claim's ledger
+    line with it (`cost`: the provider's figure). `held`: the job's row, locked under `token`."""
     with transaction.atomic(savepoint=False):
         if held is not None:
-            job = {"project_id": held.project_id, "active_provider_id": held.active_provider_id}
+            job = {"project_id": held.project_id, "active_provider_id": held.active_provider_id, "task_id": held.task_id}
         else:
-            job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id").first()
+            job = Job.objects.fenced(job_id, token).values("project_id", "active_provider_id", "task_id").first()
         if not job or not model_sql.update(Job, fence(job_id, token), dict(status=new_status, **SLOT_RELEASED, **fields)):
             return False
         events.emit(job["project_id"], kind, job_id, new_status, payload)
+        ledger.end_left(job_id, fields, submitted=bool(job["task_id"]), reported=cost)
         _end_attempt(job_id, *ending)
         # A freed provider slot wakes its provider; only a job without one (a runner's)
         # wakes its project (reading the project's pending work cost every completion).
@@ -259,14 +265,14 @@ def _leave_processing(job_id, token, *, new_status: str, kind: str, fields: dict
     return True
 
 
-def job_complete(job_id, token, *, held=None, attempt=None, reason: str = "") -> bool:
+def job_complete(job_id, token, *, held=None, attempt=None, reason: str = "", cost=None) -> bool:
     """processing → completed; frees the slot and ends `attempt` completed. Call inside the
-    output writer's transaction so the album items and the completion commit together."""
+    output writer's transaction so the album items and the completion commit together.
+    `cost`: what the provider reported it charged (settled instead of the estimate)."""
     fields = dict(error="", error_class="", finished_at=timezone.now(), progress=1.0, lease_token=None)
     ending = (attempt, Outcome.COMPLETED, reason)
-    return _leave_processing(
-        job_id, token, new_status=Status.COMPLETED, kind="job.completed", fields=fields, payload={}, ending=ending, held=held
-    )
+    done = dict(new_status=Status.COMPLETED, kind="job.completed", fields=fields, payload={}, ending=ending)
+    return _leave_processing(job_id, token, **done, held=held, cost=cost)
 
 
 def job_fail(
@@ -351,6 +357,7 @@ def _jobs_leave_stalled(job_ids, dead_owners, new_status: str, kind: str, fields
             return []
         ids = [row[0] for row in rows]
         Job.objects.filter(stalled, id__in=ids).update(status=new_status, **SLOT_RELEASED, lease_token=None, **fields)
+        ledger.end_stalled(ids)
         attempts_interrupt(ids)
         events.emit_grouped([(project_id, kind, job_id, new_status, payload) for job_id, project_id, _ in rows])
         _after_commit_wake(provider_ids={row[2] for row in rows}, project_ids={row[1] for row in rows if not row[2]})
@@ -377,6 +384,7 @@ def jobs_cancel(job_ids, *, by: str = "user") -> list[dict]:
         if not rows:
             return []
         freed = [row for row in rows if row["status"] == Status.PROCESSING]
+        ledger.end_cancelled(freed)
         attempts_close_open([row["id"] for row in freed], outcome=Outcome.CANCELLED, reason=f"cancelled by {by}")
         ended = dict(lease_token=None, finished_at=timezone.now(), not_before=None, progress=None, next_poll_at=None)
         Job.objects.filter(id__in=[row["id"] for row in rows], status__in=cancellable).update(

@@ -20,6 +20,7 @@ from queue_app.models.album import AlbumItem, Reference, album_upload_to, refere
 from queue_app.models.batches import ProjectWorkflow, WildcardList
 from queue_app.models.choices import ErrorClass, Family, Kind, Status
 from queue_app.models.events import EventCounter, Heartbeat, ProjectEvent
+from queue_app.models.ledger import Charge
 from queue_app.models.notifications import ProjectRun, PushOutbox, PushSubscription, VapidKeys
 from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider, fence
 from queue_app.models.tallies import AttemptTally
@@ -29,6 +30,7 @@ __all__ = [
     "AlbumItem",
     "ApiToken",
     "AttemptTally",
+    "Charge",
     "ErrorClass",
     "EventCounter",
     "fence",

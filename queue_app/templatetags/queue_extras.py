@@ -12,6 +12,14 @@ register = template.Library()
 
 
 @register.filter
+def money(amount) -> str:
+    """A ledger amount in cents, or finer below a cent (selectors/estimate.money)."""
+    from queue_app.selectors.estimate import money as shown
+
+    return "" if amount is None else shown(amount)
+
+
+@register.filter
 def size(value) -> str:
     """Bytes as people read them: "1.5 KB", "20 MB" (queue_app/sizes.py)."""
     return human_bytes(value)

@@ -16,6 +16,7 @@ from queue_app.engine import events
 from queue_app.models import Job, Status
 from queue_app.selectors import jobs as job_reads
 from queue_app.selectors.queue import runner_health
+from queue_app.selectors.spend import job_lines
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import jobs_retry
 from queue_app.web.shortcuts import own, own_to_act
@@ -31,6 +32,7 @@ def job_detail(request, job_id):
         last_seq = events.last_seq(job.project_id)
         job.refresh_from_db()
     context = job_reads.job_detail(job, user=request.user)
+    context["charges"] = job_lines(job.id)
     if job.status in (Status.PENDING, Status.PROCESSING):
         health = runner_health([job.project_id])
         context["instance_warning"] = (health.get(job.project_id) or {}).get("message", "")
