@@ -84,6 +84,8 @@ BENCHES = [
         quick=("--jobs", "40"),
         stacks=("postgresql+redis",),
     ),
+    # make run from a fresh clone: seconds to the first page, then a second start.
+    Bench("bench.cold_start"),
 ]
 
 
