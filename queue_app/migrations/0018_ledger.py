@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queue_app', '0016_heartbeat_tombstone'),
+        ('queue_app', '0017_workflow_wildcards'),
     ]
 
     operations = [
