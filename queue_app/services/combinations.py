@@ -1,12 +1,13 @@
 """The combinations generator: a project's workflow crossed into drafts.
 
 A workflow is an ordered list of items, each {"type", "value", "enabled"}: prompt parts,
-reference images and option values (model, aspect ratio, quality, resolution, duration,
-seed). Enabled items of one type are alternatives; the types are crossed, in the order
-each type first appears, the last turning fastest. A prompt's wildcards
-(services/wildcards.py) add alternatives to the prompt dimension. Asked for more drafts
-than combinations, "ordered" cycles through them again; "random" picks a combination per
-draft from a seeded generator, so a seed repeats its batch.
+reference images, provider records to fan out to (`"<id>"` or `"<id>:<model>"`) and option
+values (model, aspect ratio, quality, resolution, duration, seed). Enabled items of one
+type are alternatives; the types are crossed, in the order each type first appears, the
+last turning fastest. A prompt's wildcards (services/wildcards.py) add alternatives to the
+prompt dimension. Asked for more drafts than combinations, "ordered" cycles through them
+again; "random" picks a combination per draft from a seeded generator, so a seed repeats
+its batch.
 
 One service for the project page, the JSON API and MCP: `drafts_generate` previews
 (counts, the first drafts) and, when asked, creates them in bulk.
@@ -20,16 +21,16 @@ from django.db import transaction
 
 from queue_app import limits
 from queue_app.engine import events
-from queue_app.models import Job, Project, ProjectWorkflow, Status
+from queue_app.models import Job, Project, ProjectWorkflow, Provider, Status
 from queue_app.providers.prompt_limits import prompt_limit
 from queue_app.selectors.batches import wildcard_lists, workflow_items
 from queue_app.services import references, wildcards
-from queue_app.services.drafts import draft_values
+from queue_app.services.drafts import draft_default_model, draft_provider_check, draft_values
 from queue_app.services.errors import ServiceError
 from queue_app.services.storage import references_store_new
 
 TEXT_OPTIONS = ("model", "aspect_ratio", "quality", "resolution")
-ITEM_TYPES = ("prompt", "reference", *TEXT_OPTIONS, "duration", "seed")
+ITEM_TYPES = ("prompt", "reference", "provider", *TEXT_OPTIONS, "duration", "seed")
 MODES = ("ordered", "random")
 ON_TOO_LONG = ("cancel", "truncate")
 PREVIEWS = 20
@@ -97,6 +98,11 @@ def _item_checked(number: int, item) -> dict:
             value = int(value.strip())
         if not bound.contains(value) or not isinstance(value, int):
             raise ServiceError(f"{where}: {bound.message()}")
+    elif kind == "provider":
+        value = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+        record, _, model = value.partition(":")
+        if not record.isdigit() or len(record) > 18 or len(model) > limits.MODEL_CHARS:
+            raise ServiceError(f"{where}: a provider is its record id, or id:model (3:gpt-image-1)")
     else:
         high = limits.PROMPT_CHARS if kind == "prompt" else limits.REFERENCE_CHARS if kind == "reference" else 200
         if not isinstance(value, str) or not value.strip() or len(value) > high or "\x00" in value:
@@ -213,7 +219,7 @@ def fit_prompts(project: Project, combos: dict, picks: list[int], on_too_long: s
     for index, combo in combos.items():
         if not combo["prompt"]:
             raise ServiceError(f"combination {index + 1} makes an empty prompt (an empty wildcard value?)")
-        limit = min(prompt_limit(combo.get("model") or project.model), limits.PROMPT_CHARS)
+        limit = min(prompt_limit(target_model(combo) or project.model), limits.PROMPT_CHARS)
         if len(combo["prompt"]) > limit:
             long_ones.append((index, limit))
     if long_ones and on_too_long == "cancel":
@@ -227,6 +233,25 @@ def fit_prompts(project: Project, combos: dict, picks: list[int], on_too_long: s
         combos[index]["prompt"] = combos[index]["prompt"][:limit].rstrip()
     chosen = {index for index, _ in long_ones}
     return sum(1 for index in picks if index in chosen)
+
+
+def target_model(combo: dict) -> str:
+    """The model a combination names: its provider target's, else its model option's."""
+    return combo.get("provider", "").partition(":")[2] or combo.get("model", "")
+
+
+def providers_of(user, project: Project, combos: dict) -> dict:
+    """Each distinct provider target → (the user's record, the model its drafts run):
+    the target's model, else the combination's own, else that family's default."""
+    targets = {}
+    for value in {combo["provider"] for combo in combos.values() if "provider" in combo}:
+        record, _, model = value.partition(":")
+        provider = Provider.objects.filter(id=int(record), owner=user).first()
+        if provider is None:
+            raise ServiceError(f"provider {record} not found", 404, field="provider")
+        draft_provider_check(user=user, project=project, provider=provider)
+        targets[value] = (provider, model)
+    return targets
 
 
 def draft_preview(combo: dict) -> dict:
@@ -248,7 +273,8 @@ def drafts_create_many(user, project: Project, combos: dict, picks: list[int]) -
         for value in {combo[kind] for combo in combos.values() if kind in combo}:
             draft_values(user=user, settings_={kind: value})
     stored = {value: references_store_new(user, items) for value, items in stored.items()}
-    rows = {index: job_fields(combo, stored) for index, combo in combos.items()}
+    targets = providers_of(user, project, combos)
+    rows = {index: job_fields(project, combo, stored, targets) for index, combo in combos.items()}
     jobs = [Job(project=project, owner=user, **rows[index]) for index in picks]
     with transaction.atomic():
         Job.objects.bulk_create(jobs, batch_size=1000)
@@ -256,9 +282,14 @@ def drafts_create_many(user, project: Project, combos: dict, picks: list[int]) -
     return jobs
 
 
-def job_fields(combo: dict, stored: dict) -> dict:
+def job_fields(project: Project, combo: dict, stored: dict, targets: dict) -> dict:
     fields = {"prompt": combo["prompt"], "references": stored.get(combo.get("reference"), [])}
     fields.update({kind: combo[kind] for kind in (*TEXT_OPTIONS, "duration") if kind in combo})
+    if "provider" in combo:
+        provider, model = targets[combo["provider"]]
+        fields["provider"] = provider
+        fields["model"] = model or fields.get("model", "")
+        draft_default_model(project=project, provider=provider, values=fields)
     if "seed" in combo:
         fields["params"] = {"seed": combo["seed"]}
     return fields
