@@ -160,7 +160,7 @@ def test_outside_make_test_a_missing_chromium_skips_the_browser_tests(tmp_path):
 
 def test_the_makefile_test_target_brings_chromium_and_requires_it():
     makefile = (Path(settings.BASE_DIR) / "Makefile").read_text()
-    assert "test: $(STAMP) chromium\n\tREQUIRE_BROWSER=1 " in makefile
+    assert "test: $(DEV_STAMP) chromium\n\tREQUIRE_BROWSER=1 " in makefile
     result = subprocess.run(
         ["make", "-s", "-n", "chromium", "CHROMIUM=/nonexistent/chromium"], capture_output=True, text=True, cwd=settings.BASE_DIR
     )
