@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from queue_app.models import Charge, ErrorClass, JobAttempt, Provider
-from queue_app.providers.prices import job_cost, price_for, record_currency
+from queue_app.providers.prices import job_cost, price_for, record_currency, reported_cost
 
 State = Charge.State
 SETTLED, RELEASED, HELD = State.SETTLED, State.RELEASED, State.HELD
@@ -69,6 +69,16 @@ def reserve(provider: Provider, claims) -> int:
         )
     Charge.objects.bulk_create(rows)
     return len(rows)
+
+
+def reported(provider: Provider, snapshot: dict | None, usage: dict) -> Decimal | None:
+    """The provider's own figure for a finished job run with `snapshot` (prices.reported_cost)."""
+    if not usage:
+        return None
+    snapshot = snapshot or {}
+    model, base = snapshot.get("model") or "", snapshot.get("model_alias_of") or ""
+    price = price_for(provider.family, model, provider.options, base_model=base)
+    return reported_cost(price, usage, record_currency(provider.family, provider.options))
 
 
 def end(job_id, *, error_class: str = "", submitted: bool, reported: Decimal | None = None) -> int:

@@ -186,13 +186,16 @@ def _discard(prepared: list[Prepared]) -> None:
                 path.unlink(missing_ok=True)
 
 
-def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None, handover=None, job: Job | None = None) -> int:
+def write_and_complete(
+    job_id, token, outputs: list[Output], *, attempt_id=None, handover=None, job: Job | None = None, cost=None
+) -> int:
     """Store the outputs as album items and complete the job, fenced by `token`, and mark
     the attempt `attempt_id` completed in the same transaction (a kill right after the
     commit cannot leave it "running"). With a `handover` (dispatch.Handover), the provider's
     next job is claimed into the freed slot in that transaction too. `job`: the row the
     caller holds under this lease (its id, project and owner name the files), saving a read;
-    the transaction checks the fence either way. Returns the number of items written.
+    the transaction checks the fence either way. `cost`: the provider's figure, settled.
+    Returns the number of items written.
     Raises Fenced, QuotaExceeded, DiskFull or a download error."""
     if job is None:
         job = Job.objects.fenced(job_id, token).first()
@@ -205,7 +208,7 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None,
         for index, output in enumerate(outputs):
             prepared.append(prepare(job, index, output))
         failpoints.hit("after_download_before_album")
-        _commit(job, token, prepared, attempt_id, handover)
+        _commit(job, token, prepared, attempt_id, handover, cost)
     except BaseException:
         _discard(prepared)
         raise
@@ -215,10 +218,10 @@ def write_and_complete(job_id, token, outputs: list[Output], *, attempt_id=None,
 METADATA_KEYS = ("provider_name", "family", "model", "aspect_ratio", "quality", "resolution", "format", "duration", "sound")
 
 
-def _commit(job: Job, token, prepared: list[Prepared], attempt_id, handover) -> None:
+def _commit(job: Job, token, prepared: list[Prepared], attempt_id, handover, cost=None) -> None:
     placed: list[Path] = []  # files moved to a name no item had: removed if the commit fails
     try:
-        _commit_placing(job, token, prepared, attempt_id, placed, handover)
+        _commit_placing(job, token, prepared, attempt_id, placed, handover, cost)
     except BaseException as error:
         for path in placed:
             path.unlink(missing_ok=True)
@@ -227,7 +230,7 @@ def _commit(job: Job, token, prepared: list[Prepared], attempt_id, handover) -> 
         raise
 
 
-def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, placed: list[Path], handover) -> None:
+def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, placed: list[Path], handover, cost) -> None:
     # Events are written last (events.batched): the handover's claim locks the provider
     # and job rows, which come before project rows in the engine's lock order.
     with transaction.atomic(), events.batched():
@@ -240,7 +243,8 @@ def _commit_placing(job: Job, token, prepared: list[Prepared], attempt_id, place
         _check_quota(prepared, used, limit)
         replaced_files = _upsert_items(locked, prepared, placed, has_items=has_items)
         failpoints.hit("after_album_before_complete")
-        if not transitions.job_complete(job.id, token, held=locked, attempt=attempt_id, reason=f"{len(prepared)} output(s)"):
+        done = f"{len(prepared)} output(s)"
+        if not transitions.job_complete(job.id, token, held=locked, attempt=attempt_id, reason=done, cost=cost):
             raise Fenced(job.id)
         if handover is not None:
             handover.claim(vacated_slot=locked.slot)

@@ -49,6 +49,7 @@ def store_outputs(
     disk_full_waits: bool = False,
     handover=None,
     job: Job | None = None,
+    cost=None,
 ) -> Applied:
     """Write finished outputs and complete the job, closing the attempt `attempt_id` in the
     same commit. COMPLETED, SKIPPED (the job was taken from us: nothing written) or FAILED
@@ -59,7 +60,7 @@ def store_outputs(
     its task id (`wait_for_space`) instead of failing it. A `handover` (dispatch.Handover)
     claims the provider's next job in the completion's commit."""
     try:
-        outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id, handover=handover, job=job)
+        outputs.write_and_complete(job_id, token, results, attempt_id=attempt_id, handover=handover, job=job, cost=cost)
     except outputs.Fenced:
         transitions.job_lost(attempt_id, reason="job taken before its outputs were written")
         return Applied.SKIPPED

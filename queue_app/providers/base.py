@@ -79,6 +79,9 @@ class Output:
 @dataclass(frozen=True)
 class Finished:
     outputs: list
+    # What the provider reported it billed, as it said it (docs/money.md): input_tokens and
+    # output_tokens, predict_time (seconds), or charged with its currency (Buzz, coins).
+    usage: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

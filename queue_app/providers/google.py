@@ -158,10 +158,19 @@ def _image(job: ResolvedJob) -> Finished:
     reply = _post(job, f"{_model_path(model)}:generateContent", body)
     images, texts, finish, finish_message = _read_candidates(reply)
     if images:
-        return Finished(outputs=http.with_roles(job, images))
+        return Finished(outputs=http.with_roles(job, images), usage=_usage(reply))
     _raise_for_finish(finish, finish_message)
     said = f": the model said {http.short(' '.join(texts), 200)!r}" if texts else ""
     raise PermanentError(f"{LABEL} returned no image{said}")
+
+
+def _usage(reply: dict) -> dict:
+    """`usageMetadata`: the tokens Gemini billed (prompt and candidates)."""
+    meta = reply.get("usageMetadata") if isinstance(reply.get("usageMetadata"), dict) else {}
+    tokens_in, tokens_out = meta.get("promptTokenCount"), meta.get("candidatesTokenCount")
+    if isinstance(tokens_in, int) and isinstance(tokens_out, int):
+        return {"input_tokens": tokens_in, "output_tokens": tokens_out}
+    return {}
 
 
 def _text(job: ResolvedJob) -> Finished:
@@ -179,7 +188,7 @@ def _text(job: ResolvedJob) -> Finished:
     _, texts, finish, finish_message = _read_candidates(reply)
     text = "".join(texts)
     if text.strip():
-        return Finished(outputs=[Output(kind="text", text=text, content_type="text/plain")])
+        return Finished(outputs=[Output(kind="text", text=text, content_type="text/plain")], usage=_usage(reply))
     _raise_for_finish(finish, finish_message)
     raise PermanentError(f"{LABEL} returned no text (finish reason {finish or 'none'})")
 

@@ -141,7 +141,7 @@ def _image(job: ResolvedJob) -> Finished:
             outputs.append(Output(kind="image", url=item["url"]))
     if not outputs:
         raise PermanentError(f"{LABEL} reported success but returned no image")
-    return Finished(outputs=http.with_roles(job, outputs))
+    return Finished(outputs=http.with_roles(job, outputs), usage=_usage(body))
 
 
 def _text(job: ResolvedJob) -> Finished:
@@ -162,7 +162,18 @@ def _text(job: ResolvedJob) -> Finished:
         raise PermanentError(f"{LABEL} withheld the answer (content filter)")
     if not isinstance(text, str) or not text.strip():
         raise PermanentError(f"{LABEL} reported success but returned no text")
-    return Finished(outputs=[Output(kind="text", text=text, content_type="text/plain")])
+    return Finished(outputs=[Output(kind="text", text=text, content_type="text/plain")], usage=_usage(body))
+
+
+def _usage(body: dict) -> dict:
+    """The tokens OpenAI billed: `usage` of a GPT image (input/output_tokens) or a chat
+    completion (prompt/completion_tokens)."""
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    tokens_in = usage.get("input_tokens", usage.get("prompt_tokens"))
+    tokens_out = usage.get("output_tokens", usage.get("completion_tokens"))
+    if isinstance(tokens_in, int) and isinstance(tokens_out, int):
+        return {"input_tokens": tokens_in, "output_tokens": tokens_out}
+    return {}
 
 
 def _video(job: ResolvedJob) -> Submitted:

@@ -15,7 +15,7 @@ price. An unknown price is `None`, never 0.
 import math
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 CURRENCIES = ("USD", "EUR", "GBP", "CNY", "Buzz", "coins")
 UNITS = ("image", "video_second", "tokens", "task", "hardware_second")
@@ -198,6 +198,23 @@ def job_cost(price: Price | None, settings: dict, *, prompt: str = "", currency:
     return Cost(None if amount is None else _round(amount), price.currency, price.unit, basis)
 
 
+def reported_cost(price: Price | None, usage: dict, currency: str) -> Decimal | None:
+    """What a finished job cost by the provider's own report (Finished.usage): the charged
+    figure when it is in the record's currency, else the usage priced in the price's unit
+    (tokens, seconds of hardware). None: nothing reported that prices it."""
+    try:
+        if usage.get("charged") is not None and usage.get("currency") == currency:
+            return _round(_d(usage["charged"]))
+        if price is not None and price.unit == "tokens" and "input_tokens" in usage and "output_tokens" in usage:
+            tokens_in, tokens_out = _d(usage["input_tokens"]), _d(usage["output_tokens"])
+            return _round((tokens_in * price.amounts["input"] + tokens_out * price.amounts["output"]) / 1_000_000)
+        if price is not None and price.unit == "hardware_second" and usage.get("predict_time") is not None:
+            return _round(price.amounts[""] * _d(usage["predict_time"]))
+    except (InvalidOperation, ValueError, TypeError, KeyError):
+        return None  # an odd report is no reason to fail a finished job: the estimate stands
+    return None
+
+
 def _tier_amount(price: Price, settings: dict) -> Decimal | None:
     if not price.tier:
         return price.amounts.get("")
@@ -209,7 +226,7 @@ def _tier_amount(price: Price, settings: dict) -> Decimal | None:
 
 
 def _round(amount: Decimal) -> Decimal:
-    return amount.quantize(Decimal("0.000001"))
+    return amount.quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
 
 
 _ENTRY = re.compile(r"^\s*([^=]+?)\s*=\s*(.+?)\s*$")

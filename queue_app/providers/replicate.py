@@ -146,7 +146,7 @@ def _state(prediction: dict, job: ResolvedJob) -> Running | Finished | Failed:
         text = "".join(output) if isinstance(output, list) else output if isinstance(output, str) else ""
         if not str(text).strip():
             return Failed(reason=f"{LABEL} prediction succeeded without any text")
-        return Finished(outputs=[Output(kind="text", text=str(text), content_type="text/plain")])
+        return Finished(outputs=[Output(kind="text", text=str(text), content_type="text/plain")], usage=_usage(prediction))
     outputs = []
     for url in _urls(output):
         content_type = http.content_type_for(url)
@@ -160,7 +160,13 @@ def _state(prediction: dict, job: ResolvedJob) -> Running | Finished | Failed:
         )
     if not outputs:
         return Failed(reason=f"{LABEL} prediction succeeded without any output (possibly filtered)")
-    return Finished(outputs=http.with_roles(job, outputs))
+    return Finished(outputs=http.with_roles(job, outputs), usage=_usage(prediction))
+
+
+def _usage(prediction: dict) -> dict:
+    """`metrics.predict_time`: the seconds Replicate bills hardware-priced models for."""
+    seconds = (prediction.get("metrics") or {}).get("predict_time")
+    return {"predict_time": seconds} if isinstance(seconds, int | float) and not isinstance(seconds, bool) else {}
 
 
 def submit(job: ResolvedJob) -> Finished | Submitted:

@@ -106,6 +106,15 @@ def _failed_reason(task: dict) -> str:
     return http.short(" — ".join(part for part in parts if part)) or "no reason given"
 
 
+def _usage(task: dict) -> dict:
+    """`usage.consumeCoins`: the RunningHub coins the task cost."""
+    usage = task.get("usage") if isinstance(task.get("usage"), dict) else {}
+    try:
+        return {"charged": str(float(usage["consumeCoins"])), "currency": "coins"}
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
 def _outputs(job: ResolvedJob, results) -> list[Output]:
     outputs, images_for_poster = [], []
     for item in results if isinstance(results, list) else []:
@@ -205,7 +214,7 @@ def submit(job: ResolvedJob) -> Finished | Submitted:
     if status == "SUCCESS":
         outputs = _outputs(job, task.get("results"))
         if outputs:
-            return Finished(outputs=outputs)
+            return Finished(outputs=outputs, usage=_usage(task))
     if status in FAILED_STATUSES:
         raise _error(str(task.get("errorCode") or "1015"), _failed_reason(task))
     if not task_id:
@@ -244,7 +253,7 @@ def check(task_id: str, job: ResolvedJob) -> Running | Finished | Failed:
         outputs = _outputs(job, task.get("results"))
         if not outputs:
             return Failed(reason=f"{LABEL} task {task_id} succeeded without any output")
-        return Finished(outputs=outputs)
+        return Finished(outputs=outputs, usage=_usage(task))
     if status in FAILED_STATUSES:
         failure_code = str(task.get("errorCode") or "")
         reason = f"{LABEL} task {'canceled' if status.startswith('CANCEL') else 'failed'}: {_failed_reason(task)}"

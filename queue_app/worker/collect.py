@@ -10,7 +10,7 @@ back to the poller.
 from django.db import close_old_connections
 
 from queue_app import providers
-from queue_app.engine import transitions
+from queue_app.engine import ledger, transitions
 from queue_app.engine.attempts import attempt_collect
 from queue_app.engine.leases import LeaseKeeper, reconnecting_once
 from queue_app.engine.results import Applied, apply_failed, detached_job, store_outputs
@@ -42,9 +42,10 @@ def collect_task(job_id, token) -> Applied:
             return _back_to_polling(job.id, token, f"collect check failed: {reason}")
         if isinstance(state, Finished):
             secrets = (provider.api_key, provider.api_secret)
+            cost = ledger.reported(provider, job.resolved, state.usage)
             return reconnecting_once(
                 job.id,
-                lambda: store_outputs(job.id, token, attempt.id, state.outputs, secrets=secrets, disk_full_waits=True),
+                lambda: store_outputs(job.id, token, attempt.id, state.outputs, secrets=secrets, disk_full_waits=True, cost=cost),
             )
         if isinstance(state, Failed):
             return apply_failed(job, token, state, max_attempts=provider.max_attempts, attempt=attempt.id)

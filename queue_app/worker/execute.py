@@ -19,7 +19,7 @@ from django.db import DatabaseError, close_old_connections
 from django.db.models.functions import Now
 
 from queue_app import providers
-from queue_app.engine import ambiguous, backoff, dispatch, failpoints, outputs, reconcile, remote_cancel, transitions
+from queue_app.engine import ambiguous, backoff, dispatch, failpoints, ledger, outputs, reconcile, remote_cancel, transitions
 from queue_app.engine.attempts import Outcome, attempt_adopted, attempt_begin
 from queue_app.engine.leases import LeaseKeeper, leave_to_healing, reconnecting_once
 from queue_app.engine.provider_state import cool_down, pause_for_account
@@ -168,8 +168,9 @@ def _apply(job: Job, token, provider: Provider, attempt: JobAttempt, keeper: Lea
             _stop_if_cancelled(job, provider, result)
         return None
     secrets = (provider.api_key, provider.api_secret)
+    cost = ledger.reported(provider, job.resolved, result.usage)
     stored = store_outputs(
-        job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True, handover=handover, job=job
+        job.id, token, attempt.id, result.outputs, secrets=secrets, disk_full_waits=True, handover=handover, job=job, cost=cost
     )
     return None if stored is Applied.SKIPPED else provider.id
 
