@@ -7,7 +7,7 @@
 - `events` — the live-event outbox and process heartbeats;
 - `access` — API tokens and idempotency keys;
 - `notifications` — VAPID keys, push subscriptions, project runs and the push outbox;
-- `batches` — projects' workflows and users' wildcard lists (the combinations generator);
+- `batches` — projects' workflows, users' wildcard lists and prompt templates (the combinations generator);
 - `tallies` — the counts of deleted attempts, kept for the history and /metrics.
 
 A job's `status` is never assigned here or anywhere but `queue_app.engine.transitions`.
@@ -17,7 +17,7 @@ migrations' references (`queue_app.models.album_upload_to`) still resolve.
 
 from queue_app.models.access import ApiToken, IdempotencyKey
 from queue_app.models.album import AlbumItem, Reference, album_upload_to, reference_upload_to
-from queue_app.models.batches import ProjectWorkflow, WildcardList
+from queue_app.models.batches import ProjectWorkflow, PromptTemplate, WildcardList
 from queue_app.models.choices import ErrorClass, Family, Kind, Status
 from queue_app.models.events import EventCounter, Heartbeat, ProjectEvent
 from queue_app.models.ledger import Charge
@@ -45,6 +45,7 @@ __all__ = [
     "ProjectEvent",
     "ProjectRun",
     "ProjectWorkflow",
+    "PromptTemplate",
     "Provider",
     "PushOutbox",
     "PushSubscription",

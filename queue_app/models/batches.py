@@ -31,3 +31,19 @@ class WildcardList(models.Model):
 
     def __str__(self):
         return f"__{self.name}__"
+
+
+class PromptTemplate(models.Model):
+    """A user's saved prompt (wildcards allowed), picked on the Generate drafts page."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="prompt_templates")
+    name = models.CharField(max_length=100)
+    text = models.TextField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="prompt_template_owner_name")]
+
+    def __str__(self):
+        return self.name

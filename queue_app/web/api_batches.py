@@ -4,12 +4,16 @@
 `create: true`, makes them (an Idempotency-Key makes a retry safe); `GET
 /api/projects/<id>/workflow` is the stored workflow. `GET /api/wildcards` lists the
 account's named lists, `POST` saves one, `DELETE /api/wildcards/<name>` removes it.
+Reuse: `POST /api/projects/<id>/reuse` (jobs or album items again, with a change), `GET
+/api/projects/<id>/prompts` (recent prompts), `/api/templates` (saved prompts) like the lists.
 """
 
-from queue_app.selectors.batches import wildcard_lists, workflow_items
+from queue_app.models import AlbumItem, Provider
+from queue_app.selectors.batches import prompt_templates, recent_prompts, wildcard_lists, workflow_items
 from queue_app.services.combinations import drafts_generate
 from queue_app.services.errors import ServiceError
 from queue_app.services.idempotency import idempotent
+from queue_app.services.reuse import jobs_reuse, prompt_template_delete, prompt_template_save
 from queue_app.services.wildcards import wildcard_list_delete, wildcard_list_save
 from queue_app.web import batch_schemas, schemas
 from queue_app.web.api import actable_project, answer, endpoint, visible_project
@@ -67,4 +71,52 @@ def wildcards_view(request, body):
 def wildcard_view(request, body, name):
     if not wildcard_list_delete(user=request.user, name=name):
         raise ServiceError("wildcard list not found", 404, field="name")
+    return answer({"deleted": 1})
+
+
+@endpoint("POST")
+def reuse_view(request, body, project_id):
+    """New drafts from jobs or album items of the project, with a change."""
+    project = actable_project(request.user, project_id)
+    args = schemas.validate(batch_schemas.ReuseJobs, body)
+    job_ids = [str(job_id) for job_id in args.job_ids or []]
+    if args.album_item_ids:
+        items = AlbumItem.objects.filter(project=project, id__in=args.album_item_ids).exclude(job=None)
+        job_ids += [str(job_id) for job_id in items.values_list("job_id", flat=True)]
+    provider = None
+    if args.provider_id is not None:
+        provider = Provider.objects.filter(id=args.provider_id, owner=project.owner).first()
+        if provider is None:
+            raise ServiceError("provider not found", 404, field="provider_id")
+    jobs = jobs_reuse(
+        user=project.owner,
+        project=project,
+        job_ids=list(dict.fromkeys(job_ids)),
+        prompt=args.prompt,
+        provider=provider,
+        settings_=args.settings,
+    )
+    return answer({"project_id": project.id, "job_ids": [str(job.id) for job in jobs]}, 201)
+
+
+@endpoint("GET")
+def prompts_view(request, body, project_id):
+    project = visible_project(request.user, project_id)
+    return answer({"project_id": project.id, "prompts": recent_prompts(project)})
+
+
+@endpoint("GET", "POST")
+def templates_view(request, body):
+    if request.method == "POST":
+        args = schemas.validate(batch_schemas.PromptTemplateIn, body)
+        row = prompt_template_save(user=request.user, name=args.name, text=args.text)
+        return answer({"name": row.name, "text": row.text})
+    rows = sorted(prompt_templates(request.user).items())
+    return answer({"templates": [{"name": name, "text": text} for name, text in rows]})
+
+
+@endpoint("DELETE")
+def template_view(request, body, name):
+    if not prompt_template_delete(user=request.user, name=name):
+        raise ServiceError("template not found", 404, field="name")
     return answer({"deleted": 1})

@@ -7,7 +7,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from queue_app import limits
 from queue_app.services.combinations import ITEM_TYPES
-from queue_app.web.schemas import IdempotencyKey, Output, ProjectId, Schema, idempotency_key_field
+from queue_app.web.schemas import IdempotencyKey, JobIds, Output, ProjectId, ProviderId, Schema, idempotency_key_field
 
 
 class WorkflowItem(Schema):
@@ -100,3 +100,32 @@ class WildcardListOut(Output):
 
 class WildcardLists(Output):
     lists: list[WildcardListOut]
+
+
+class ReuseJobs(Schema):
+    job_ids: JobIds | None = Field(None, description="jobs of the project to do again (any status)")
+    album_item_ids: Annotated[list[StrictInt], Field(min_length=1, max_length=limits.JOB_IDS)] | None = Field(
+        None, description="or album items: their jobs"
+    )
+    prompt: StrictStr = Field("", max_length=limits.PROMPT_CHARS, description="the new prompt; {prompt} is the job's own")
+    provider_id: ProviderId | None = Field(None, description="another provider record")
+    settings: dict | None = Field(None, description="settings to change (model, aspect_ratio, …, references)")
+
+
+class DraftsReused(Output):
+    project_id: int
+    job_ids: list[str]
+
+
+class PromptTemplateIn(Schema):
+    name: StrictStr = Field(min_length=1, max_length=100)
+    text: StrictStr = Field(min_length=1, max_length=limits.PROMPT_CHARS)
+
+
+class PromptTemplates(Output):
+    templates: list[dict]
+
+
+class RecentPrompts(Output):
+    project_id: int
+    prompts: list[str]

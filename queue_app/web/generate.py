@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from queue_app.models import Project
-from queue_app.selectors.batches import wildcard_lists, workflow_items
+from queue_app.selectors.batches import prompt_templates, recent_prompts, wildcard_lists, workflow_items
 from queue_app.services.combinations import ITEM_TYPES, drafts_generate
 from queue_app.services.errors import ServiceError
 from queue_app.services.wildcards import wildcard_list_delete, wildcard_list_save
@@ -81,6 +81,7 @@ def generate_drafts(request, project_id: int):
         if preview and preview["seed"] is not None:
             form["seed"] = str(preview["seed"])  # shown, so "Create" makes the batch previewed
     context = {"project": project, "form": form, "preview": preview, "error": error, "example": EXAMPLE, "types": ITEM_TYPES}
+    context.update(recent=recent_prompts(project), templates=sorted(prompt_templates(request.user).items()))
     return render(request, "queue_app/generate.html", context, status=400 if error else 200)
 
 

@@ -162,6 +162,19 @@ OPERATIONS = [
     Op("/api/wildcards", "get", "list_wildcards", "Your named wildcard lists", result=B.WildcardLists),
     Op("/api/wildcards", "post", "save_wildcards", "Save a wildcard list", B.WildcardListIn, result=B.WildcardListOut),
     Op("/api/wildcards/{name}", "delete", "delete_wildcards", "Delete a wildcard list"),
+    Op(
+        "/api/projects/{project_id}/reuse",
+        "post",
+        "reuse_jobs",
+        "New drafts from jobs or album items with a change",
+        B.ReuseJobs,
+        status=201,
+        result=B.DraftsReused,
+    ),
+    Op("/api/projects/{project_id}/prompts", "get", "recent_prompts", "A project's recent prompts", result=B.RecentPrompts),
+    Op("/api/templates", "get", "list_templates", "Your prompt templates", result=B.PromptTemplates),
+    Op("/api/templates", "post", "save_template", "Save a prompt template", B.PromptTemplateIn),
+    Op("/api/templates/{name}", "delete", "delete_template", "Delete a prompt template"),
     Op("/api/openapi.json", "get", "openapi", "This document", public=True),
 ]
 

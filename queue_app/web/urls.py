@@ -20,6 +20,7 @@ from queue_app.web import (
     pages,
     projects,
     providers,
+    reuse,
 )
 
 urlpatterns = [
@@ -38,6 +39,9 @@ urlpatterns = [
     path("projects/<int:project_id>/generate", generate.generate_drafts, name="generate_drafts"),
     path("projects/<int:project_id>/compare", compare.album_compare, name="album_compare"),
     path("account/wildcards", generate.wildcards, name="wildcards"),
+    path("account/templates", reuse.templates, name="prompt_templates"),
+    path("account/templates/<str:name>/delete", reuse.template_delete, name="prompt_template_delete"),
+    path("jobs/<uuid:job_id>/reuse", reuse.job_reuse, name="job_reuse"),
     path("account/wildcards/<str:name>/delete", generate.wildcard_delete, name="wildcard_delete"),
     path("projects/<int:project_id>/drafts/options", drafts.draft_options, name="draft_options"),
     path("projects/<int:project_id>/drafts/<uuid:job_id>/edit", drafts.draft_edit, name="draft_edit"),
@@ -80,6 +84,10 @@ urlpatterns = [
     path("api/projects/<int:project_id>/workflow", api_batches.workflow_view, name="api_workflow"),
     path("api/wildcards", api_batches.wildcards_view, name="api_wildcards"),
     path("api/wildcards/<str:name>", api_batches.wildcard_view, name="api_wildcard"),
+    path("api/projects/<int:project_id>/reuse", api_batches.reuse_view, name="api_reuse"),
+    path("api/projects/<int:project_id>/prompts", api_batches.prompts_view, name="api_prompts"),
+    path("api/templates", api_batches.templates_view, name="api_templates"),
+    path("api/templates/<str:name>", api_batches.template_view, name="api_template"),
     path("api/projects", api_manage.projects_view, name="api_projects"),
     path("api/projects/<int:project_id>", api_manage.project_view, name="api_project"),
     path("api/projects/<int:project_id>/estimate", api_manage.estimate_view, name="api_estimate"),
