@@ -381,6 +381,8 @@ HISTORY_CACHE_SECONDS = envfloat("HISTORY_CACHE_SECONDS", 10)
 # Ended attempts of completed jobs older than this are deleted (their counts kept in the
 # tallies); 0 keeps them all.
 ATTEMPT_RETENTION_DAYS = envfloat("ATTEMPT_RETENTION_DAYS", 30)
+# The roll-up of the attempt log (hourly tallies, /metrics totals) stops this far behind now.
+ROLLUP_MARGIN_SECONDS = envfloat("ROLLUP_MARGIN_SECONDS", 600)
 
 LOGGING = {
     "version": 1,

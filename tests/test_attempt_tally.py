@@ -72,3 +72,36 @@ def test_pruning_takes_old_attempts_of_completed_jobs_in_batches(owner, ran):
     # nothing recent is pruned
     assert attempt_tally.prune(older_than=timedelta(days=30), batch=10) == 0
     assert ended_total() == 7
+
+
+def test_the_roll_up_moves_counts_to_the_totals_and_a_later_delete_counts_nothing_twice(owner, ran, settings):
+    from queue_app.models import AttemptTotal, RollupMark
+    from queue_app.services.jobs import failed_jobs_clear
+
+    ran(owner, 3)
+    ran(owner, 2, fail_rate=1, fail_kind="permanent")
+    before, histograms = ended_total(), counters.histograms()
+    assert before == 5
+    settings.ROLLUP_MARGIN_SECONDS = 600
+    assert attempt_tally.roll_up() == 0  # they ended less than the margin ago
+    settings.ROLLUP_MARGIN_SECONDS = 0
+    assert attempt_tally.roll_up() == 5
+    assert attempt_tally.roll_up() == 0  # the mark moved past them
+    assert AttemptTotal.objects.aggregate(n=Sum("ended"))["n"] == 5 and JobAttempt.objects.count() == 5
+    assert ended_total() == 5 and counters.histograms() == histograms
+    failed_jobs_clear(user=owner)  # its attempts were rolled up already: not folded again
+    assert ended_total() == 5 and counters.histograms() == histograms
+    assert AttemptTotal.objects.aggregate(n=Sum("ended"))["n"] == 5
+    ran(owner, 1)  # ends after the mark: counted from the log
+    assert ended_total() == 6 and RollupMark.objects.get().upto <= timezone.now()
+
+
+def test_a_scrape_reads_the_totals_and_the_log_past_the_mark_only(owner, ran, settings):
+    from queue_app.selectors.counters import ended_attempts
+
+    ran(owner, 4)
+    settings.ROLLUP_MARGIN_SECONDS = 0
+    attempt_tally.roll_up()
+    # rows before the mark are not read again: changing one does not change the count
+    JobAttempt.objects.update(outcome="lost")
+    assert {outcome for _, outcome in ended_attempts()} == {"completed"}

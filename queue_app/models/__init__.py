@@ -23,13 +23,14 @@ from queue_app.models.events import EventCounter, Heartbeat, ProjectEvent
 from queue_app.models.ledger import Charge
 from queue_app.models.notifications import ProjectRun, PushOutbox, PushSubscription, VapidKeys
 from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider, fence
-from queue_app.models.tallies import AttemptTally
+from queue_app.models.tallies import AttemptTally, AttemptTotal, RollupMark
 
 __all__ = [
     "AccountSettings",
     "AlbumItem",
     "ApiToken",
     "AttemptTally",
+    "AttemptTotal",
     "Charge",
     "ErrorClass",
     "EventCounter",
@@ -50,6 +51,7 @@ __all__ = [
     "PushOutbox",
     "PushSubscription",
     "Reference",
+    "RollupMark",
     "Status",
     "VapidKeys",
     "WildcardList",

@@ -10,8 +10,8 @@ work of dead processes (DEAD_OWNER_SECONDS); the dispatch safety net
 every second, due detached polls, runner ticks and finish notifications; every minute, up
 to 50 uploaded reference images no job named for a day (storage.references_prune); every
 15 s, tasks left at a provider by jobs that ended (orphans.sweep); every 10 minutes, the
-pruning of day-old live events; every minute, up to ATTEMPT_PRUNE_BATCHES batches of
-attempts older than ATTEMPT_RETENTION_DAYS (their counts kept in the tallies).
+pruning of day-old live events; every minute, the attempt log's roll-up and the pruning
+of attempts past ATTEMPT_RETENTION_DAYS (engine/attempt_tally).
 """
 
 import logging
@@ -138,6 +138,9 @@ class QueueService:
         Heartbeat.objects.filter(seen_at__lt=timezone.now() - HEARTBEAT_RETENTION).delete()
         return deleted > 0
 
+    def step_roll_up(self, now=None) -> bool:
+        return attempt_tally.roll_up(now=now) > 0
+
     def step_prune_attempts(self, now=None) -> bool:
         days = settings.ATTEMPT_RETENTION_DAYS
         if days <= 0:
@@ -187,6 +190,8 @@ class QueueService:
             did = self.step_notify() or did
         if self.due("prune", 600):
             self.step_prune()
+        if self.due("roll_up", 60):
+            did = self.step_roll_up() or did
         if self.due("prune_attempts", 60):
             did = self.step_prune_attempts() or did
         if self.due("prune_references", 60):

@@ -52,9 +52,10 @@ def attempt_outcomes(*, user=None) -> dict:
     return {o.value: counts.get(o.value, 0) for o in Outcome}
 
 
-def _durations(kind: str, user):
-    """(queryset with `d` (seconds) and `ms` annotations, the time field the window applies to)."""
-    return durations(_visible(user), kind)
+def _durations(kind: str, user, base=None):
+    """(queryset with `d` (seconds) and `ms` annotations, the time field the window applies
+    to), of `base` (attempts) when given, else of the attempts the user sees."""
+    return durations(_visible(user) if base is None else base, kind)
 
 
 def duration_histogram(kind: str, *, user=None, since=None) -> dict:
@@ -63,12 +64,12 @@ def duration_histogram(kind: str, *, user=None, since=None) -> dict:
     return duration_histograms(kind, user=user, since=since, by_provider=False)["all"]
 
 
-def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool = True) -> dict:
+def duration_histograms(kind: str, *, user=None, since=None, by_provider: bool = True, base=None) -> dict:
     """{"all": histogram, provider_id: histogram, ...}: one grouped query. The database
     puts each row in its bucket once (a CASE that stops at the first bound it fits) and
     counts per bucket; the cumulative counts are summed here. "all" sums the providers'."""
     bounds = WAIT_BUCKETS if kind == "wait" else RUN_BUCKETS
-    attempts, field = _durations(kind, user)
+    attempts, field = _durations(kind, user, base)
     if since is not None:
         attempts = attempts.filter(**{f"{field}__gte": since})
     bucket = LeBucket(F("d"), bounds)  # past the last bound: +Inf only

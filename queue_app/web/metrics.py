@@ -172,14 +172,16 @@ def history_metrics():
     attempts = CounterMetricFamily(
         "rsq_attempts", "Attempts that ended, by provider and outcome (deleted ones included)", labels=["provider_id", "outcome"]
     )
-    for (provider_id, outcome), n in sorted(counters.ended_attempts().items(), key=lambda item: (str(item[0][0]), item[0][1])):
+    upto = counters.rolled_up_to()
+    ended = counters.ended_attempts(upto=upto)
+    for (provider_id, outcome), n in sorted(ended.items(), key=lambda item: (str(item[0][0]), item[0][1])):
         attempts.add_metric(["" if provider_id is None else str(provider_id), outcome], n)
     yield attempts
     opened = GaugeMetricFamily("rsq_open_attempts", "Attempts not ended yet, by phase", labels=["phase"])
     for phase, n in counters.open_attempts().items():
         opened.add_metric([phase], n)
     yield opened
-    histograms = counters.histograms()
+    histograms = counters.histograms(upto=upto)
     for kind, name, help_text in (
         ("wait", "rsq_job_queue_wait_seconds", "From queued to a worker taking the job's first attempt"),
         ("run", "rsq_attempt_run_seconds", "From an attempt's start to its end"),
