@@ -35,6 +35,7 @@ class AlbumItem(models.Model):
     height = models.PositiveIntegerField(null=True, blank=True)
     prompt = models.TextField(blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
+    favourite = models.BooleanField(default=False)  # starred by its owner: the album's filter
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -2,6 +2,7 @@ from django.urls import path
 
 from queue_app.web import (
     album_api,
+    album_browse,
     album_pages,
     api,
     api_batches,
@@ -59,6 +60,8 @@ urlpatterns = [
     path("album/<int:item_id>/file", pages.album_file, name="album_file"),
     path("album/<int:item_id>/poster", pages.album_file, {"variant": "poster"}, name="album_poster"),
     path("album/<int:item_id>/delete", album_pages.album_delete, name="album_delete"),
+    path("album/", album_browse.album_browse, name="album_browse"),
+    path("album/<int:item_id>/favourite", album_browse.album_favourite, name="album_favourite"),
     path("projects/<int:project_id>/album.zip", album_pages.album_download, name="album_zip"),
     path("account/", pages.account, name="account"),
     path("account/tokens", pages.account_token_create, name="account_token_create"),
