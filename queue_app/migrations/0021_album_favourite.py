@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queue_app', '0019_prompt_templates'),
+        ('queue_app', '0020_attempt_totals'),
     ]
 
     operations = [
