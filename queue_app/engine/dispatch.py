@@ -22,7 +22,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import attempts, enqueue, heartbeats, hot_sql, runner_registry, snapshot, transitions
+from queue_app.engine import attempts, budgets, enqueue, heartbeats, hot_sql, runner_registry, snapshot, transitions
 from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,7 @@ def _claim_rows(
     else:
         free = list(itertools.islice((slot for slot in itertools.count() if slot not in used), len(candidates)))
     claims = [(job, slot, snapshot.build(job, job.project, provider)) for job, slot in zip(candidates, free, strict=False)]
+    claims, _ = budgets.affordable(provider, claims)  # a claim never crosses a budget
     started_at = timezone.now()
     # A handover's one job is claimed under its worker's lease: no lease_take after.
     owner = lease_owner if into_slot is not None else ""

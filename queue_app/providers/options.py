@@ -118,8 +118,13 @@ PRICES = Option(
 )
 
 
+# Every family: budgets in the record's currency (engine/budgets.py; blank: none).
+BUDGET_DAY = Option("budget_day", "Budget a day", float, "dispatch stops before a day's spend crosses it (UTC days)", 0, 1e9)
+BUDGET_MONTH = Option("budget_month", "Budget a month", float, "dispatch stops before a month's spend crosses it", 0, 1e9)
+
+
 def declared(family: str) -> tuple[Option, ...]:
-    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS, STATUS_PER_MINUTE, CURRENCY, PRICES)
+    return (*OPTIONS.get(family, ()), ON_AMBIGUOUS, STATUS_PER_MINUTE, CURRENCY, PRICES, BUDGET_DAY, BUDGET_MONTH)
 
 
 def clean_option(option: Option, value):

@@ -95,7 +95,11 @@ STALLED_REASON = "lease expired; the next heal returns it to pending"
 def waits_sql(*, providers: dict, live: dict, now) -> Q:
     """A pending job nothing will dispatch now; needs the `eff_provider` annotation."""
     runner_kinds = list(runner_registry.RUNNERS)
-    blocked = [pid for pid, p in providers.items() if p["paused"] or (p["cooldown_until"] and p["cooldown_until"] > now)]
+    blocked = [
+        pid
+        for pid, p in providers.items()
+        if p["paused"] or (p["cooldown_until"] and p["cooldown_until"] > now) or p.get("budget_reason")
+    ]
     if live["workers"]:
         provider_waits = (
             Q(eff_provider__isnull=True)
@@ -119,6 +123,8 @@ def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dic
         return f"provider paused: {provider['paused_reason']}" if provider.get("paused_reason") else "provider paused"
     if provider["cooldown_until"] and provider["cooldown_until"] > now:
         return f"cooling down until {provider['cooldown_until']:%H:%M:%S}"
+    if provider.get("budget_reason"):
+        return provider["budget_reason"]
     if backoff:
         return f"backoff until {backoff_until:%H:%M:%S}" if backoff_until else "retry backoff"
     if not live["workers"]:
@@ -129,6 +135,7 @@ def waiting_reason(*, provider: dict | None, kind: str, backoff: bool, live: dic
 REASON_CODES = (
     ("provider paused", "paused"),
     ("cooling down", "cooling_down"),
+    ("budget", "budget"),
     ("backoff", "backoff"),
     ("retry backoff", "backoff"),
     ("no live worker", "no_worker"),

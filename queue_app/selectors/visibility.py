@@ -7,6 +7,7 @@ on their own rows; on another user's only with the Django permission for it
 without permissions are read-only operators: they look, they never act.
 """
 
+from queue_app.engine import budgets
 from queue_app.models import Job, Project, Provider
 
 
@@ -47,12 +48,15 @@ def visible_jobs(user):
 def visible_providers(user) -> dict:
     """{id: row} of every provider record the user may see (idle ones too), one query."""
     providers_qs = visible_to(user, Provider)
-    return {
+    rows = {
         row["id"]: row
         for row in providers_qs.values(
-            "id", "name", "family", "concurrency", "paused", "paused_reason", "cooldown_until", "created_at"
+            "id", "name", "family", "concurrency", "paused", "paused_reason", "cooldown_until", "created_at", "options"
         )
     }
+    for row in rows.values():  # a budget used up stops dispatch: why its jobs wait
+        row["budget_reason"] = budgets.blocked(row)
+    return rows
 
 
 def provider_visible(user, provider_id) -> Provider | None:

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from queue_app import limits
-from queue_app.engine import dispatch
+from queue_app.engine import budgets, dispatch
 from queue_app.models import Job, Project, Provider, Status
 from queue_app.providers.catalogue import CATALOGUE
 from queue_app.selectors.visibility import may_act, visible_to
@@ -204,6 +204,12 @@ def provider_save(*, user, data: dict, provider: Provider | None = None) -> Prov
         if api_secret:
             provider.api_secret = api_secret
             values["api_secret_encrypted"] = provider.api_secret_encrypted
+        if "options" in values:
+            refusal = budgets.below_reserved(provider.id, values["options"])
+            if refusal:
+                raise ServiceError(refusal)
+            # a raised budget (or new prices) may let waiting jobs start: look at once
+            transaction.on_commit(lambda: dispatch.wake(provider_ids={provider.id}))
         if values:
             Provider.objects.filter(id=provider.id).update(**values)
         if concurrency is not None and concurrency != provider.concurrency:
