@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 EVENT_RETENTION = timedelta(days=1)
 HEARTBEAT_RETENTION = timedelta(days=7)
 REFERENCE_BATCH = 50  # unused uploads removed per minute at most: a short statement each
+ROLLUP_STEPS = 4  # hours of the attempt log rolled up per minute at most
 ATTEMPT_BATCH, ATTEMPT_PRUNE_BATCHES = 500, 10  # short transactions, 5,000 attempts a minute at most
 # How often the schedule of wake moments is re-read (cool-downs and backoffs written by
 # workers meanwhile), and how long the idle loop sleeps at most.
@@ -139,7 +140,8 @@ class QueueService:
         return deleted > 0
 
     def step_roll_up(self, now=None) -> bool:
-        return attempt_tally.roll_up(now=now) > 0
+        # A few hours of log a tick at most: a catch-up must not hold up healing for long.
+        return attempt_tally.roll_up(now=now, steps=ROLLUP_STEPS) > 0
 
     def step_prune_attempts(self, now=None) -> bool:
         days = settings.ATTEMPT_RETENTION_DAYS
