@@ -84,6 +84,8 @@ BENCHES = [
         quick=("--jobs", "40"),
         stacks=("postgresql+redis",),
     ),
+    # 10,000 drafts from one workflow, and the project, Generate, album and compare pages at 10,000 items.
+    Bench("bench.batch_speed", quick=("--drafts", "2000", "--runs", "5"), stacks=("postgresql|sqlite",)),
     # make run from a fresh clone: seconds to the first page, then a second start.
     Bench("bench.cold_start"),
 ]
