@@ -28,7 +28,7 @@ def test_every_rule_names_an_alert_with_a_wait_a_severity_and_a_summary():
         assert rule["labels"]["severity"] in ("critical", "warning", "info") and rule["annotations"]["summary"]
     # what the issue asks to alert on
     assert {"RSQNoLiveWorker", "RSQProviderPausedWithWork", "RSQOldestWaitOverThreshold", "RSQFailureRate"} <= set(names)
-    assert "RSQDetachedTasksUnchecked" in names
+    assert {"RSQDetachedTasksUnchecked", "RSQBudgetUsedUp"} <= set(names)
 
 
 @pytest.mark.django_db

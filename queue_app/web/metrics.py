@@ -142,7 +142,7 @@ def partition_metrics(status: dict):
     oldest = GaugeMetricFamily(
         "rsq_provider_oldest_pending_age_seconds",
         "Age of the provider's oldest pending job, whatever blocks it (reason: dispatchable, paused, cooling_down, "
-        "backoff, no_worker, no_queue_service; none and 0 when nothing is pending)",
+        "budget, backoff, no_worker, no_queue_service; none and 0 when nothing is pending)",
         labels=[*PROVIDER_LABELS, "reason"],
     )
     for row in status["providers"]:
