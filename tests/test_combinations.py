@@ -129,3 +129,14 @@ def test_a_template_computes_its_nth_expansion_without_listing():
     template = parse("{a|b}-{1|2|3}", {})
     assert template.count == 6
     assert [template.nth(n) for n in range(6)] == ["a-1", "a-2", "a-3", "b-1", "b-2", "b-3"]
+
+
+def test_a_big_batch_tells_the_page_once_a_small_one_per_draft(owner):
+    from queue_app.models import ProjectEvent
+
+    project = make_project(owner)
+    drafts_generate(user=owner, project=project, items=[item("prompt", "a {b|c}")], quantity=3, create=True)
+    assert ProjectEvent.objects.filter(project=project, kind="job.drafted").count() == 3
+    drafts_generate(user=owner, project=project, items=[item("prompt", "a {b|c}")], quantity=501, create=True)
+    [batch] = ProjectEvent.objects.filter(project=project, kind="jobs.drafted")
+    assert batch.payload == {"count": 501} and Job.objects.count() == 504

@@ -278,7 +278,10 @@ def drafts_create_many(user, project: Project, combos: dict, picks: list[int]) -
     jobs = [Job(project=project, owner=user, **rows[index]) for index in picks]
     with transaction.atomic():
         Job.objects.bulk_create(jobs, batch_size=1000)
-        events.emit_many(project.id, [("job.drafted", job.id, Status.DRAFT, {}) for job in jobs])
+        if len(jobs) > limits.QUANTITY.high:  # the page reloads on any event: one says it for a big batch
+            events.emit_many(project.id, [("jobs.drafted", None, Status.DRAFT, {"count": len(jobs)})])
+        else:
+            events.emit_many(project.id, [("job.drafted", job.id, Status.DRAFT, {}) for job in jobs])
     return jobs
 
 
