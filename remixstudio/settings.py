@@ -378,10 +378,10 @@ ALERT_FAILURE_RATE = envfloat("ALERT_FAILURE_RATE", 0.5)
 ALERT_MIN_ATTEMPTS = envint("ALERT_MIN_ATTEMPTS", 5)
 # The monitor's charts (attempt log) are recomputed at most this often per user and range.
 HISTORY_CACHE_SECONDS = envfloat("HISTORY_CACHE_SECONDS", 10)
-# Ended attempts of completed jobs older than this are deleted (their counts kept in the
-# tallies); 0 keeps them all.
+# Retention and roll-ups (docs/operations.md): attempts (0 keeps them), live events, and
+# how far behind now the roll-up of the attempt log stops.
 ATTEMPT_RETENTION_DAYS = envfloat("ATTEMPT_RETENTION_DAYS", 30)
-# The roll-up of the attempt log (hourly tallies, /metrics totals) stops this far behind now.
+EVENT_RETENTION_HOURS = envfloat("EVENT_RETENTION_HOURS", 24)
 ROLLUP_MARGIN_SECONDS = envfloat("ROLLUP_MARGIN_SECONDS", 600)
 
 LOGGING = {

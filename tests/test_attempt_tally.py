@@ -105,3 +105,21 @@ def test_a_scrape_reads_the_totals_and_the_log_past_the_mark_only(owner, ran, se
     # rows before the mark are not read again: changing one does not change the count
     JobAttempt.objects.update(outcome="lost")
     assert {outcome for _, outcome in ended_attempts()} == {"completed"}
+
+
+def test_old_live_events_are_pruned_in_batches_after_the_retention(owner, settings, monkeypatch):
+    from queue_app.models import ProjectEvent
+    from queue_app.queue_service import loop
+
+    project = make_project(owner, make_provider(owner))
+    old = timezone.now() - timedelta(hours=30)
+    ProjectEvent.objects.bulk_create(ProjectEvent(project=project, seq=i, kind="job.updated") for i in range(1, 8))
+    ProjectEvent.objects.filter(seq__lte=5).update(created_at=old)
+    settings.EVENT_RETENTION_HOURS = 24
+    monkeypatch.setattr(loop, "EVENT_BATCH", 2)
+    monkeypatch.setattr(loop, "EVENT_PRUNE_BATCHES", 2)
+    service = loop.QueueService()
+    assert service.step_prune() is True  # two batches of two
+    assert ProjectEvent.objects.count() == 3
+    assert service.step_prune() is True and service.step_prune() is False
+    assert sorted(ProjectEvent.objects.values_list("seq", flat=True)) == [6, 7]

@@ -9,8 +9,8 @@ work of dead processes (DEAD_OWNER_SECONDS); the dispatch safety net
 (DISPATCH_SAFETY_NET_SECONDS); a wake when a cool-down or backoff ends (wake_schedule);
 every second, due detached polls, runner ticks and finish notifications; every minute, up
 to 50 uploaded reference images no job named for a day (storage.references_prune); every
-15 s, tasks left at a provider by jobs that ended (orphans.sweep); every 10 minutes, the
-pruning of day-old live events; every minute, the attempt log's roll-up and the pruning
+15 s, tasks left at a provider by jobs that ended (orphans.sweep); every minute, the
+pruning of old live events; every minute, the attempt log's roll-up and the pruning
 of attempts past ATTEMPT_RETENTION_DAYS (engine/attempt_tally).
 """
 
@@ -34,7 +34,7 @@ from queue_app.services.storage import references_prune
 
 log = logging.getLogger(__name__)
 
-EVENT_RETENTION = timedelta(days=1)
+EVENT_BATCH, EVENT_PRUNE_BATCHES = 1000, 20  # 20,000 live events a minute at most
 HEARTBEAT_RETENTION = timedelta(days=7)
 REFERENCE_BATCH = 50  # unused uploads removed per minute at most: a short statement each
 ROLLUP_STEPS = 4  # hours of the attempt log rolled up per minute at most
@@ -133,10 +133,18 @@ class QueueService:
                 log.exception("runner %s tick failed", kind)
         return did
 
-    def step_prune(self) -> bool:
-        deleted, _ = ProjectEvent.objects.filter(created_at__lt=timezone.now() - EVENT_RETENTION).delete()
-        # dead processes' rows (tombstones too) once the workers page no longer lists them
-        Heartbeat.objects.filter(seen_at__lt=timezone.now() - HEARTBEAT_RETENTION).delete()
+    def step_prune(self, now=None) -> bool:
+        """Live events older than EVENT_RETENTION_HOURS, in short batches (no long lock on
+        the outbox the relay reads), and dead processes' rows past the workers page's view."""
+        now = now or timezone.now()
+        old = ProjectEvent.objects.filter(created_at__lt=now - timedelta(hours=settings.EVENT_RETENTION_HOURS))
+        deleted = 0
+        for _ in range(EVENT_PRUNE_BATCHES):
+            ids = list(old.order_by("created_at").values_list("id", flat=True)[:EVENT_BATCH])
+            if not ids:
+                break
+            deleted += ProjectEvent.objects.filter(id__in=ids).delete()[0]
+        Heartbeat.objects.filter(seen_at__lt=now - HEARTBEAT_RETENTION).delete()
         return deleted > 0
 
     def step_roll_up(self, now=None) -> bool:
@@ -190,7 +198,7 @@ class QueueService:
             did = self.step_runners() or did
         if self.due("notify", 1.0):
             did = self.step_notify() or did
-        if self.due("prune", 600):
+        if self.due("prune", 60):
             self.step_prune()
         if self.due("roll_up", 60):
             did = self.step_roll_up() or did
