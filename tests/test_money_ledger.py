@@ -153,3 +153,30 @@ def test_the_spend_page_and_the_job_page_show_the_ledger(owner, inline_tasks, cl
     job_page = client.get(f"/jobs/{done.id}/").content.decode()
     assert 'data-charge="settled"' in job_page and "0.04 USD" in job_page
     assert "possibly charged" in client.get(f"/jobs/{cut.id}/").content.decode()
+
+
+def test_metrics_count_spend_and_the_csv_lists_every_line(owner, inline_tasks, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from queue_app.web.metrics import render_metrics
+
+    project = make_project(owner, make_provider(owner, prices={"*": "0.04"}, concurrency=2))
+    done, cut = started(owner, project, 2)
+    attempts.attempt_begin(Job.objects.get(id=cut.id), inline_tasks.executions()[1][1])
+    transitions.jobs_cancel([cut.id])
+    inline_tasks.run()
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(render_metrics().decode())
+        for sample in family.samples
+        if sample.name.startswith("rsq_spend")
+    }
+    labels = {"provider_id": str(project.provider_id), "currency": "USD"}
+    assert samples[("rsq_spend_total", tuple(sorted({**labels, "state": "settled"}.items())))] == 0.04
+    assert samples[("rsq_spend_total", tuple(sorted({**labels, "state": "held"}.items())))] == 0.04
+    client.force_login(owner)
+    rows = client.get("/spend/ledger.csv").content.decode().splitlines()
+    assert rows[0].startswith("created_at,ended_at,job_id") and len(rows) == 3
+    assert {row.split(",")[9] for row in rows[1:]} == {"settled", "held"}
+    assert client.get("/spend/ledger.csv?from=yesterday").status_code == 400
+    assert client.get("/spend/ledger.csv?from=2026-12-02&to=2026-12-01").status_code == 400

@@ -5,7 +5,7 @@ spent, live reservations apart, released lines not at all. Amounts are decimal s
 from datetime import UTC
 from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Case, Count, F, Q, Sum, When
 from django.utils import timezone
 
 from queue_app.models import Charge, Project, Provider
@@ -53,6 +53,35 @@ def spend_by(user, key: str) -> list[dict]:
         counts = {name: row[name] for name in ("held_n", "live", "settled_n", "released_n", "unknown")}
         result.append({"id": row[key], "name": names.get(row[key], "(deleted)"), "currency": row["currency"], **shown, **counts})
     return result
+
+
+def ledger_totals() -> dict:
+    """For /metrics, in one query: {"spent": {(provider_id, currency, state): amount}} of
+    ended lines that count as spent (never falls: a line is never deleted, and its amount
+    never changes once ended), {"reserved": {(provider_id, currency): amount}} of live claims."""
+    figure = Case(When(state=State.RESERVED, then=F("reserved")), default=F("amount"))
+    rows = (
+        Charge.objects.filter(state__in=(*SPENT, State.RESERVED))
+        .values_list("provider_id", "currency", "state")
+        .annotate(total=Sum(figure))
+        .order_by("provider_id", "currency", "state")
+    )
+    totals: dict = {"spent": {}, "reserved": {}}
+    for provider_id, currency, state, total in rows:
+        if total is None:
+            continue  # unknown figures only
+        if state == State.RESERVED:
+            totals["reserved"][(provider_id, currency)] = total
+        else:
+            totals["spent"][(provider_id, currency, state)] = total
+    return totals
+
+
+def ledger_rows(user, start, end):
+    """The lines the user may see (staff: everyone's) claimed from `start` to before `end`,
+    oldest first, for the CSV export."""
+    lines = Charge.objects.all() if user.is_staff else Charge.objects.filter(owner_id=user.id)
+    return lines.filter(created_at__gte=start, created_at__lt=end).order_by("created_at", "id")
 
 
 def job_lines(job_id) -> list[Charge]:

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from queue_app.models import Heartbeat
-from queue_app.selectors import counters
+from queue_app.selectors import counters, spend
 from queue_app.selectors import history as selectors_history
 from queue_app.selectors.queue import queue_status
 
@@ -76,7 +76,7 @@ class QueueCollector(Collector):
             now = self.now or timezone.now()
             status = queue_status(user=EVERYONE, breakdown="providers", now=now)
             families = [*provider_metrics(status, selectors_history.provider_alerts(status, now=now))]
-            families += [*partition_metrics(status), *queue_metrics(status), *history_metrics()]
+            families += [*partition_metrics(status), *queue_metrics(status), *history_metrics(), *spend_metrics()]
         return families
 
 
@@ -189,6 +189,24 @@ def history_metrics():
         histogram = histograms[kind]
         buckets = [(_bound(b), n) for b, n in histogram["buckets"]] + [("+Inf", histogram["count"])]
         yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram["sum"])
+
+
+def spend_metrics():
+    """Money from the ledger (docs/money.md): spent per provider, currency and state (settled,
+    held as possibly charged), a counter that never falls; reserved now, a gauge."""
+    totals = spend.ledger_totals()
+    spent = CounterMetricFamily(
+        "rsq_spend",
+        "Spent per provider record and currency: settled and possibly charged (held) lines",
+        labels=["provider_id", "currency", "state"],
+    )
+    for (provider_id, currency, state), amount in totals["spent"].items():
+        spent.add_metric([str(provider_id), currency, state], float(amount))
+    yield spent
+    reserved = GaugeMetricFamily("rsq_reserved", "Estimates held by running claims now", labels=["provider_id", "currency"])
+    for (provider_id, currency), amount in totals["reserved"].items():
+        reserved.add_metric([str(provider_id), currency], float(amount))
+    yield reserved
 
 
 def _bound(value) -> str:

@@ -53,6 +53,7 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/retry", job_page.job_retry, name="job_retry"),
     path("providers/", providers.provider_list, name="provider_list"),
     path("spend/", money.spend, name="spend"),
+    path("spend/ledger.csv", money.ledger_csv, name="ledger_csv"),
     path("providers/new", providers.provider_edit, name="provider_new"),
     path("providers/<int:provider_id>/", providers.provider_edit, name="provider_edit"),
     path("providers/<int:provider_id>/test", providers.provider_test, name="provider_test"),
