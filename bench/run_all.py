@@ -61,9 +61,15 @@ BENCHES = [
         quick=("--pending", "5000", "--processing", "500", "--detached", "300", "--single-detached", "100"),
         stacks=("postgresql|sqlite",),
     ),
-    # A claim's cost at 100,000 pending jobs.
+    # A claim's cost at 100,000 pending jobs, in one project and spread over 1,000 (fair share).
     Bench(
         "bench.claim_backlog", args=ON_DATABASE, quick=("--pending", "5000", "--claims", "50"), stacks=("sqlite", "postgresql")
+    ),
+    Bench(
+        "bench.claim_backlog",
+        args=(*ON_DATABASE, "--projects", "1000"),
+        quick=("--pending", "5000", "--claims", "50"),
+        stacks=("postgresql",),
     ),
     # A job's completion in a worker to the browser showing it, embedded and with Redis.
     Bench("bench.live_delay", args=("--modes", "embedded"), sizes=("--jobs", "30"), quick=("--jobs", "10")),

@@ -58,6 +58,9 @@ class RangeValidator:
 # jobs it claims, never this number; the bound keeps a typo from meaning "unlimited".
 CONCURRENCY = Range(1, 1000, "concurrency")
 MAX_ATTEMPTS = Range(1, 20, "max_attempts")
+# A project's weight in fair share (engine/fair_share.py): 1 is everyone's default; a
+# thousand-fold share is past any sensible mix and keeps the arithmetic small.
+SHARE_WEIGHT = Range(1, 1000, "share_weight")
 # Status requests a minute a record's poller may send (providers/budget.py); the default is
 # the family's documented limit. 1,000 a second is past every documented limit.
 STATUS_PER_MINUTE = Range(1, 60_000, "status_per_minute")

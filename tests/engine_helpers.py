@@ -37,7 +37,8 @@ def inflight(pool: poll_pool.Poller) -> int:
 
 def dispatchable_jobs(provider_id: int):
     """What a claim reads (hot_sql.dispatchable_with_projects), as the ORM would read it:
-    the pending jobs this provider would run now, oldest started first."""
+    the pending jobs this provider would run now, oldest started first (before fair share
+    orders them: `fair_order`)."""
     projects = hot_sql.project_ids(provider_id)
     return (
         Job.objects.filter(status=Status.PENDING)
@@ -46,6 +47,28 @@ def dispatchable_jobs(provider_id: int):
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
         .order_by("queued_at", "created_at", "id")
     )
+
+
+def fair_order(provider_id: int) -> list:
+    """dispatchable_jobs in fair-share order, worked out in Python (engine/fair_share.py's
+    rule): (slots the project holds + jobs ahead in its queue) / its weight, then the
+    project longest unserved on this provider, then the oldest."""
+    from collections import Counter
+
+    from queue_app.models import ShareTurn
+
+    jobs = list(dispatchable_jobs(provider_id).select_related("project"))
+    busy = Counter(
+        Job.objects.filter(active_provider_id=provider_id, status=Status.PROCESSING).values_list("project_id", flat=True)
+    )
+    turns = dict(ShareTurn.objects.filter(provider_id=provider_id).values_list("project_id", "served_at"))
+    ahead, keyed = Counter(), []
+    for job in jobs:
+        served = turns.get(job.project_id)
+        share = (busy[job.project_id] + ahead[job.project_id]) / job.project.share_weight
+        keyed.append(((share, served is not None, served or 0, job.queued_at, job.created_at, job.id), job))
+        ahead[job.project_id] += 1
+    return [job for _, job in sorted(keyed, key=lambda pair: pair[0])]
 
 
 def flush_broadcasts(timeout: float = 5.0) -> bool:

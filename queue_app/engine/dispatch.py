@@ -2,7 +2,7 @@
 with no network I/O: lock the provider row (PostgreSQL FOR NO KEY UPDATE, which does not
 block inserts of jobs that reference it; SQLite's IMMEDIATE transaction already holds the
 write lock), read the slots its processing jobs hold (no counter to drift), claim the
-oldest dispatchable jobs into the free ones and enqueue their execution (in the same
+next dispatchable jobs in fair-share order (fair_share.py) into the free ones and enqueue their execution (in the same
 transaction with the ORM broker, on commit with Redis).
 
 Lock order everywhere: provider row, then job rows, then project rows (events). The one
@@ -22,7 +22,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from queue_app.engine import attempts, budgets, enqueue, heartbeats, hot_sql, runner_registry, snapshot, transitions
+from queue_app.engine import attempts, budgets, enqueue, fair_share, heartbeats, hot_sql, runner_registry, snapshot, transitions
 from queue_app.models import Job, Provider, Status
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def _lock_provider(provider_id: int, *, shared: bool = False) -> Provider | None
 
 
 def _claim_free_slots(provider: Provider, *, hold_one: bool, skip_locked: bool = False) -> list[tuple]:
-    """Under the provider's lock: claim the oldest dispatchable jobs into its free slots and
+    """Under the provider's lock: claim the next dispatchable jobs into its free slots and
     enqueue them (all but the first with `hold_one`). `skip_locked` passes over pending rows
     another transaction holds. Returns [(job_id, token)]."""
     return [(job.id, token) for job, token in _claim_rows(provider, hold_one=hold_one, skip_locked=skip_locked)]
@@ -141,6 +141,11 @@ def _claim_rows(
     # A handover's one job is claimed under its worker's lease: no lease_take after.
     owner = lease_owner if into_slot is not None else ""
     claimed = transitions.jobs_claim(claims, provider_id=provider.id, owner=owner, started_at=started_at, provider=provider)
+    if claimed and candidates[0].contenders > 1:
+        # Projects contend for this provider: whose turn it was is recorded, last in
+        # the lock order (fair_share.ShareTurn).
+        moved = {job_id for job_id, _ in claimed}
+        fair_share.record_turns(provider.id, [job.project_id for job in candidates if job.id in moved], started_at)
     for job_id, token in claimed[1:] if hold_one else claimed:
         enqueue.enqueue_execution(job_id, token)
     by_id = {job.id: (job, slot, snap) for job, slot, snap in claims}

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models.functions import Now
 
-from queue_app.engine import model_sql
+from queue_app.engine import fair_share, model_sql
 from queue_app.models import AccountSettings, AlbumItem, Job, JobAttempt, Project, Provider, Reference, Status
 
 
@@ -142,7 +142,7 @@ def _candidates_shape(vendor: str) -> tuple[str, list, list, list, list]:
 # head of each queue is read that far past `limit` (at most this), so the rows the others
 # hold (SKIP LOCKED) leave enough.
 HEAD_MARGIN_MAX = 256
-# Past this many projects on one provider, one unbounded read beats one arm per project.
+# Past this many queues on one provider (SQLite), one unbounded read beats one arm each.
 HEAD_MAX_PROJECTS = 50
 
 
@@ -156,103 +156,62 @@ def dispatchable_with_projects(
     margin: int = 16,
 ) -> list[Job]:
     """The pending jobs this provider would run now (its own, and its projects' that name no
-    provider; due; not a runner's kind), at most `limit`, oldest started first, each with
-    its project in hand; with `skip_locked`, rows another transaction holds are passed over
-    (PostgreSQL). Written out: built by Django, it took longer than the rest of the claim.
+    provider; due; not a runner's kind), at most `limit`, in fair-share order
+    (engine/fair_share.py: each project's oldest first), each with its project in hand
+    and `contenders` set (how many projects had work in the heads read); with
+    `skip_locked`, rows another transaction holds are passed over (PostgreSQL). Written
+    out: built by Django, it took longer than the rest of the claim.
 
-    The oldest are read from the head of each queue that feeds the provider (a partial
-    index of pending jobs), so the cost follows `limit`, not the backlog
+    The heads of each queue that feeds the provider (partial indexes of pending jobs, per
+    project) are read, so the cost follows `limit` and the projects, not the backlog
     (bench/claim_backlog.py); when the heads leave fewer than `limit`, every pending job is
     read. `margin`: how many others may claim from the same heads at once. `projects`: the
     provider's projects, or None to have them read here (on PostgreSQL, by the statement
     itself)."""
-    if projects is None and connection.vendor != "postgresql":
-        projects = project_ids(provider_id)
+    direct = None
+    if connection.vendor != "postgresql":
+        projects = project_ids(provider_id) if projects is None else projects
+        direct = fair_share.direct_projects(provider_id)
     jobs = []
-    if projects is None or len(projects) <= HEAD_MAX_PROJECTS:
+    if projects is None or len(projects) + len(direct or ()) <= HEAD_MAX_PROJECTS:
         head = limit + min(margin, HEAD_MARGIN_MAX)
-        jobs = _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, head=head)
+        jobs = _candidates(provider_id, projects, direct, excluded_kinds, limit, skip_locked, head=head)
     if len(jobs) < limit:
         if projects is None:
             projects = project_ids(provider_id)
-        jobs = _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, head=None)
+        jobs = _candidates(provider_id, projects, [], excluded_kinds, limit, skip_locked, head=None)
     return jobs
 
 
-# Written into the statement, not passed: a partial index's predicate (status = 'pending')
-# must be visible to the planner, and SQLite cannot see through a bound parameter.
-_PENDING = f"'{Status.PENDING.value}'"
-
-
-def _candidates(provider_id, projects, excluded_kinds, limit, skip_locked, *, head: int | None) -> list[Job]:
+def _candidates(provider_id, projects, direct, excluded_kinds, limit, skip_locked, *, head: int | None) -> list[Job]:
     columns, job_names, project_names, job_converters, project_converters = _candidates_shape(connection.vendor)
     now, now_params = now_sql(connection.vendor)
-    table = Job._meta.db_table
-    leading, pending = "", f"j.status = {_PENDING}"
-    if head is None:
-        owned = "j.provider_id = %s"
-        if projects:
-            owned = f"({owned} OR (j.provider_id IS NULL AND j.project_id IN ({', '.join(['%s'] * len(projects))})))"
-        where = f"{owned} AND (j.not_before IS NULL OR j.not_before <= {now})"
-        params = [provider_id, *projects, *now_params]
-    else:
-        # The heads say which jobs (each read pending, the provider's and due); the rest
-        # only locks and orders them. They must lead, as a few key lookups: given more to
-        # go on, the planners walked every pending job and tested it against the heads
-        # (14 ms a claim at 3,000 pending on PostgreSQL, whose statistics lag a start of
-        # thousands). PostgreSQL reads an ARRAY(…) once, before the scan it keys, and is
-        # kept off the status indexes (`|| ''`: the status is checked again on the row it
-        # locks, not searched by); SQLite keeps a CROSS JOIN's order.
-        union, params = _heads(table, provider_id, projects, now, now_params, head)
-        if connection.vendor == "postgresql":
-            pending, where = f"j.status || '' = {_PENDING}", f"j.id = ANY(ARRAY({union}))"
-        else:
-            leading, where = f"({union}) heads CROSS JOIN ", "j.id = heads.id"
-    sql = (
-        f"SELECT {columns} FROM {leading}{table} j INNER JOIN {Project._meta.db_table} p ON p.id = j.project_id "
-        f"WHERE {pending} AND {where}"
+    due = f"(not_before IS NULL OR not_before <= {now})"
+    heads, heads_params = fair_share.heads_sql(provider_id, projects, direct, due, now_params, head)
+    sql, params = fair_share.candidates_sql(
+        provider_id,
+        heads=heads,
+        heads_params=heads_params,
+        columns=columns,
+        recursive=head is not None and direct is None,
+        kinds=list(excluded_kinds),
+        pick=head,
     )
-    if excluded_kinds:
-        sql += f" AND NOT (p.kind IN ({', '.join(['%s'] * len(excluded_kinds))}))"
-        params += excluded_kinds
-    sql += " ORDER BY j.queued_at ASC, j.created_at ASC, j.id ASC LIMIT %s"
+    sql += " LIMIT %s"
     params.append(limit)
     if skip_locked and connection.vendor == "postgresql":
         sql += " FOR UPDATE OF j SKIP LOCKED"
-    split = len(job_names)
+    split, end = len(job_names), len(job_names) + len(project_names)
     jobs = []
     # Not prepared: its plan rests on the heads' sizes and the limit, and a plan made once
     # for any values walked the pending jobs (a recovery's claims at 100,000 pending took
     # 4.9 s instead of 0.8 s).
     for row in model_sql.fetch(sql, params, prepared=False):
         job = Job.from_db(connection.alias, job_names, model_sql.converted(row[:split], job_converters))
-        job.project = Project.from_db(connection.alias, project_names, model_sql.converted(row[split:], project_converters))
+        job.project = Project.from_db(connection.alias, project_names, model_sql.converted(row[split:end], project_converters))
+        job.contenders = row[end]
         jobs.append(job)
     return jobs
-
-
-def _heads(table: str, provider_id: int, projects: list[int] | None, now: str, now_params, head: int) -> tuple[str, list]:
-    """The ids at the head of each queue that feeds the provider, `head` of each, each read
-    in dispatch order from its partial index: (SQL, parameters). `projects` None: the
-    provider's projects are read by the statement (PostgreSQL's LATERAL)."""
-    due = f"(not_before IS NULL OR not_before <= {now})"
-    order = "ORDER BY queued_at ASC, created_at ASC, id ASC LIMIT %s"
-    arms = [f"SELECT id FROM (SELECT id FROM {table} WHERE status = {_PENDING} AND provider_id = %s AND {due} {order}) h0"]
-    params = [provider_id, *now_params, head]
-    if projects is None:
-        arms.append(
-            f"SELECT h.id FROM {Project._meta.db_table} pr CROSS JOIN LATERAL (SELECT id FROM {table} "
-            f"WHERE status = {_PENDING} AND provider_id IS NULL AND project_id = pr.id AND {due} {order}) h "
-            "WHERE pr.provider_id = %s"
-        )
-        return " UNION ALL ".join(arms), [*params, *now_params, head, provider_id]
-    for n, project_id in enumerate(projects, start=1):
-        arms.append(
-            f"SELECT id FROM (SELECT id FROM {table} WHERE status = {_PENDING} AND provider_id IS NULL "
-            f"AND project_id = %s AND {due} {order}) h{n}"
-        )
-        params += [project_id, *now_params, head]
-    return " UNION ALL ".join(arms), params
 
 
 def claim_into_slots(rows, *, owner: str, started_at, expiry) -> set:

@@ -22,7 +22,7 @@ from queue_app.models.choices import ErrorClass, Family, Kind, Status
 from queue_app.models.events import EventCounter, Heartbeat, ProjectEvent
 from queue_app.models.ledger import Charge
 from queue_app.models.notifications import ProjectRun, PushOutbox, PushSubscription, VapidKeys
-from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider, fence
+from queue_app.models.queue import AccountSettings, Job, JobAttempt, JobQuerySet, Project, Provider, ShareTurn, fence
 from queue_app.models.tallies import AttemptTally, AttemptTotal, RollupMark
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "PushSubscription",
     "Reference",
     "RollupMark",
+    "ShareTurn",
     "Status",
     "VapidKeys",
     "WildcardList",

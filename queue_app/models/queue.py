@@ -98,14 +98,40 @@ class Project(models.Model):
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
     # Hidden from the project list by default; its jobs and album stay as they are.
     archived = models.BooleanField(default=False)
+    # Its share of a provider's slots beside other projects with pending work there
+    # (engine/fair_share.py): a project of weight 2 may hold twice the slots of one of 1.
+    share_weight = models.PositiveIntegerField(default=1, validators=[limits.SHARE_WEIGHT.validator()])
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(share_weight__gte=limits.SHARE_WEIGHT.low, share_weight__lte=limits.SHARE_WEIGHT.high),
+                name="project_share_weight_within_limit",
+            ),
+        ]
 
     def __str__(self):
         return self.name
+
+
+class ShareTurn(models.Model):
+    """When a provider last gave a slot to a project while others waited too: fair share
+    takes turns among equally served projects, the longest unserved first. Plain ids, no
+    constraint: a claim writes these rows last, and nothing that deletes a project or a
+    provider waits for them (a stale row is harmless)."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+")
+    project = models.ForeignKey(Project, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+")
+    served_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "project"], name="share_turn_provider_project")]
+
+    def __str__(self):
+        return f"turn of project {self.project_id} on provider {self.provider_id}"
 
 
 class JobQuerySet(models.QuerySet):
@@ -176,10 +202,10 @@ class Job(models.Model):
         ordering = ["created_at", "id"]
         indexes = [
             models.Index(fields=["status", "queued_at"], name="job_status_queued"),
-            # The head of each queue a claim reads (engine/hot_sql.py): a provider's own
-            # pending jobs, and a project's that name no provider, in dispatch order.
+            # The head of each queue a claim reads (engine/fair_share.py): a provider's own
+            # pending jobs per project, and a project's that name no provider, in order.
             models.Index(
-                fields=["provider", "queued_at", "created_at", "id"],
+                fields=["provider", "project", "queued_at", "created_at", "id"],
                 condition=Q(status="pending"),
                 name="job_pending_provider_order",
             ),

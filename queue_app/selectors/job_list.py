@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from queue_app.engine import heartbeats, runner_registry
 from queue_app.models import Job, JobAttempt, Status
-from queue_app.selectors import states
+from queue_app.selectors import fair_share, states
 from queue_app.selectors.queue import runner_health
 from queue_app.selectors.search import search_condition
 from queue_app.selectors.visibility import visible_jobs, visible_providers
@@ -40,6 +40,10 @@ def job_state(job: Job, *, providers: dict, live: dict, now) -> tuple[str, str]:
     return states.of_job(job, providers=providers, live=live, now=now)
 
 
+def _fair_share_note(state: str, providers: dict, provider_id, job: Job) -> str:
+    return fair_share.job_note(providers, provider_id, job.project.name) if state == "queued" else ""
+
+
 def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None, health: dict | None = None) -> dict:
     """A job as the monitor, the project page and the API show it. `health`
     (runner_health) names an unreachable instance on its waiting and in-flight jobs."""
@@ -58,7 +62,7 @@ def job_row(job: Job, *, providers: dict, live: dict, now, attempts=None, health
         "project_kind": job.project.kind,
         "status": job.status,
         "state": state,
-        "waiting_reason": warning or reason,
+        "waiting_reason": warning or reason or _fair_share_note(state, providers, provider_id, job),
         "provider_id": provider_id,
         "provider_name": provider.get("name") or snap.get("provider_name") or "",
         "family": provider.get("family") or snap.get("family") or "",

@@ -63,6 +63,7 @@ def project_json(project: Project, *, counts: dict | None = None) -> dict:
         "provider_id": project.provider_id,
         "model": project.model,
         "archived": project.archived,
+        "share_weight": project.share_weight,
         "defaults": {name: getattr(project, name) for name in PROJECT_DEFAULTS},
         "counts": None if counts is None else {status: counts.get(status, 0) for status in Status.values},
         "created_at": project.created_at.isoformat(),

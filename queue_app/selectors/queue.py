@@ -1,7 +1,7 @@
 """The queue's numbers: queue_status (totals, per provider, per project), shared by the
 monitor, the API, MCP, metrics and `manage.py queue_status`, at a constant number of queries."""
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from queue_app.engine import heartbeats, runner_registry
 from queue_app.models import Project, Status
-from queue_app.selectors import states
+from queue_app.selectors import fair_share, states
 from queue_app.selectors.polling import poll_lag
 from queue_app.selectors.visibility import visible_jobs, visible_providers
 
@@ -87,6 +87,9 @@ class _Tally:
     waiting_reasons: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     # per provider: (queued_at, reason code) of its oldest pending job, whatever blocks it
     pending_oldest: dict = field(default_factory=dict)
+    # per provider: slots held per project name, and the projects with work there
+    holders: dict = field(default_factory=lambda: defaultdict(Counter))
+    contenders: dict = field(default_factory=lambda: defaultdict(set))
     oldest_queued: datetime | None = None
 
     def add(self, row: dict, project: dict) -> None:
@@ -98,6 +101,10 @@ class _Tally:
             project_provider_id=project.get("provider_id"),
         )
         keys = [status]
+        if status in (Status.PENDING, Status.PROCESSING) and provider_id:
+            self.contenders[provider_id].add(row["project_id"])
+        if status == Status.PROCESSING and provider_id:
+            self.holders[provider_id][project.get("name", "")] += n
         if status == Status.PENDING:
             keys.append(self._pending_key(row, provider_id, project.get("kind", "")))
         elif status == Status.PROCESSING:
@@ -178,6 +185,11 @@ def _provider_rows(tally: _Tally, lag: dict) -> list[dict]:
                 "oldest_pending_age_seconds": (now - pending_since).total_seconds() if pending_since else None,
                 "oldest_pending_reason": blocked_by,
                 "waiting_reasons": dict(tally.waiting_reasons.get(pid, {})),
+                "fair_share": fair_share.note(
+                    concurrency=provider["concurrency"],
+                    holders=tally.holders.get(pid),
+                    contending=len(tally.contenders.get(pid, ())) > 1 and counts["queued"] > 0,
+                ),
                 "warning": _provider_warning(counts, tally.live),
                 **_polling(lag.get(pid)),
             }

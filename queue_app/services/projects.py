@@ -5,6 +5,7 @@ import logging
 from django.db import transaction
 from django.db.models import Sum
 
+from queue_app import limits
 from queue_app.models import Job, Kind, Project, Provider, Status
 from queue_app.services.drafts import MAX_PROMPT_CHARS
 from queue_app.services.errors import ServiceError, refuse_unknown
@@ -26,7 +27,7 @@ PROJECT_TEXT_FIELDS = {
 }
 
 
-PROJECT_FIELDS = ("name", "kind", "provider_id", *PROJECT_TEXT_FIELDS, "duration", "temperature", "max_tokens")
+PROJECT_FIELDS = ("name", "kind", "provider_id", *PROJECT_TEXT_FIELDS, "duration", "temperature", "max_tokens", "share_weight")
 
 
 def _whole(value, name: str, low: int, high: int):
@@ -34,6 +35,23 @@ def _whole(value, name: str, low: int, high: int):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ServiceError(f"{name} must be a whole number from {low} to {high}")
+    return value
+
+
+def _temperature(value) -> float | None:
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
+        raise ServiceError("temperature must be a number from 0 to 2")
+    return float(value)
+
+
+def _share_weight(value) -> int:
+    """A project's weight in fair share (blank: the default, 1)."""
+    if value in (None, ""):
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not limits.SHARE_WEIGHT.contains(value):
+        raise ServiceError(limits.SHARE_WEIGHT.message().replace("share_weight", "the fair-share weight"))
     return value
 
 
@@ -76,13 +94,9 @@ def project_values(*, user, data: dict, project: Project | None = None) -> dict:
     if "max_tokens" in data:
         values["max_tokens"] = _whole(data["max_tokens"], "max tokens", 1, 1_000_000)
     if "temperature" in data:
-        value = data["temperature"]
-        if value in (None, ""):
-            values["temperature"] = None
-        elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
-            raise ServiceError("temperature must be a number from 0 to 2")
-        else:
-            values["temperature"] = float(value)
+        values["temperature"] = _temperature(data["temperature"])
+    if "share_weight" in data:
+        values["share_weight"] = _share_weight(data["share_weight"])
     kind = values.get("kind", project.kind if project else Kind.IMAGE)
     provider = values["provider"] if "provider" in values else (project.provider if project else None)
     model = values.get("model", project.model if project else "")

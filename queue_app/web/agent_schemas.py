@@ -98,6 +98,7 @@ class ProjectOut(Output):
     provider_id: int | None
     model: str
     archived: bool
+    share_weight: int
     defaults: ProjectDefaults
     counts: dict[str, int] | None = Field(description="jobs per status, every status; null where a list does not read them")
     created_at: str

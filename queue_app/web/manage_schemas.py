@@ -27,6 +27,7 @@ class ProjectFields(Schema):
     duration: StrictInt | None = Field(None, ge=limits.DURATION.low, le=limits.DURATION.high)
     temperature: StrictFloat | StrictInt | None = Field(None, ge=0, le=2)
     max_tokens: StrictInt | None = Field(None, ge=1, le=1_000_000)
+    share_weight: StrictInt | None = Field(None, ge=limits.SHARE_WEIGHT.low, le=limits.SHARE_WEIGHT.high)
 
 
 class ProjectCreate(ProjectFields):

@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from queue_app import limits
 from queue_app.models import Kind, Project, Provider
 from queue_app.providers.catalogue import CATALOGUE
 from queue_app.selectors.projects import own_projects, project_footprint, storage_summary
@@ -33,6 +34,16 @@ class ProjectForm(forms.Form):
     system_prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=MAX_PROMPT_CHARS, required=False)
     temperature = forms.FloatField(min_value=0, max_value=2, required=False)
     max_tokens = forms.IntegerField(label="Max tokens", min_value=1, max_value=1_000_000, required=False)
+    share_weight = forms.IntegerField(
+        label="Fair-share weight",
+        min_value=limits.SHARE_WEIGHT.low,
+        max_value=limits.SHARE_WEIGHT.high,
+        required=False,
+        help_text="its share of a provider's slots beside other projects with work there (blank: 1)",
+    )
+
+    # The weight is the project's, not a draft default: it comes before that fieldset.
+    field_order = ["name", "kind", "provider_id", "model", "share_weight"]
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -64,6 +75,7 @@ def initial_of(project: Project) -> dict:
         duration=project.duration,
         temperature=project.temperature,
         max_tokens=project.max_tokens,
+        share_weight=project.share_weight,
     )
     return data
 
