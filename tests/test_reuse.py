@@ -106,3 +106,25 @@ def test_the_templates_page_saves_and_deletes(client, owner):
     assert "an owl" in client.get("/account/templates").content.decode()
     client.post("/account/templates/Owl/delete")
     assert "an owl" not in client.get("/account/templates").content.decode()
+
+
+def test_a_selection_fans_out_to_several_providers_each_with_a_model_it_knows(api, owner):
+    demo, openai = make_provider(owner, name="Demo"), make_provider(owner, name="OpenAI", family="openai")
+    project = make_project(owner, demo, model="demo-image")
+    fox = make_job(project, Status.COMPLETED, prompt="a fox", model="demo-image", aspect_ratio="1:1")
+    owl = make_job(project, Status.DRAFT, prompt="an owl")
+    made = post(
+        api, f"/api/projects/{project.id}/reuse", {"job_ids": [str(fox.id), str(owl.id)], "provider_ids": [demo.id, openai.id]}
+    )
+    assert made.status_code == 201
+    drafts = [Job.objects.get(id=job_id) for job_id in made.json()["job_ids"]]
+    assert [(d.prompt, d.provider_id) for d in drafts] == [
+        ("a fox", demo.id),
+        ("a fox", openai.id),
+        ("an owl", demo.id),
+        ("an owl", openai.id),
+    ]
+    assert drafts[0].model == "demo-image" and drafts[1].model.startswith("gpt-image")  # demo's model means nothing to OpenAI
+    assert drafts[1].aspect_ratio == "1:1"
+    missing = post(api, f"/api/projects/{project.id}/reuse", {"job_ids": [str(fox.id)], "provider_ids": [demo.id, 999999]})
+    assert missing.status_code == 404 and Job.objects.count() == 6

@@ -83,17 +83,17 @@ def reuse_view(request, body, project_id):
     if args.album_item_ids:
         items = AlbumItem.objects.filter(project=project, id__in=args.album_item_ids).exclude(job=None)
         job_ids += [str(job_id) for job_id in items.values_list("job_id", flat=True)]
-    provider = None
-    if args.provider_id is not None:
-        provider = Provider.objects.filter(id=args.provider_id, owner=project.owner).first()
-        if provider is None:
-            raise ServiceError("provider not found", 404, field="provider_id")
+    wanted = [args.provider_id] if args.provider_id is not None else []
+    wanted += list(dict.fromkeys(args.provider_ids or []))
+    found = {row.id: row for row in Provider.objects.filter(id__in=wanted, owner=project.owner)}
+    if any(provider_id not in found for provider_id in wanted):
+        raise ServiceError("provider not found", 404, field="provider_ids" if args.provider_ids else "provider_id")
     jobs = jobs_reuse(
         user=project.owner,
         project=project,
         job_ids=list(dict.fromkeys(job_ids)),
         prompt=args.prompt,
-        provider=provider,
+        providers=[found[provider_id] for provider_id in dict.fromkeys(wanted)],
         settings_=args.settings,
     )
     return answer({"project_id": project.id, "job_ids": [str(job.id) for job in jobs]}, 201)

@@ -109,6 +109,9 @@ class ReuseJobs(Schema):
     )
     prompt: StrictStr = Field("", max_length=limits.PROMPT_CHARS, description="the new prompt; {prompt} is the job's own")
     provider_id: ProviderId | None = Field(None, description="another provider record")
+    provider_ids: Annotated[list[ProviderId], Field(min_length=1, max_length=20)] | None = Field(
+        None, description="fan out: one new draft per job and provider record"
+    )
     settings: dict | None = Field(None, description="settings to change (model, aspect_ratio, …, references)")
 
 
