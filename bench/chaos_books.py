@@ -12,6 +12,7 @@ import json
 import re
 from collections import Counter
 
+from bench.chaos_ledger import ledger_books
 from bench.figures import emit, percentile
 
 PROMPT_WORDS = "a lighthouse at dusk, oil on canvas"
@@ -43,6 +44,7 @@ class Books:
         self.submissions(jobs)
         self.secrets(jobs)
         self.report_attempts()
+        ledger_books(jobs, line, self.check)
 
     def report_outcomes(self, jobs):
         from queue_app.models import Status
