@@ -65,6 +65,13 @@ BENCHES = [
     Bench(
         "bench.claim_backlog", args=ON_DATABASE, quick=("--pending", "5000", "--claims", "50"), stacks=("sqlite", "postgresql")
     ),
+    # The same claim with a price and a budget on the record (docs/money.md), side by side.
+    Bench(
+        "bench.claim_backlog",
+        args=(*ON_DATABASE, "--budget"),
+        quick=("--pending", "5000", "--claims", "50"),
+        stacks=("sqlite", "postgresql"),
+    ),
     Bench(
         "bench.claim_backlog",
         args=(*ON_DATABASE, "--projects", "1000"),
