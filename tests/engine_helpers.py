@@ -62,11 +62,14 @@ def fair_order(provider_id: int) -> list:
         Job.objects.filter(active_provider_id=provider_id, status=Status.PROCESSING).values_list("project_id", flat=True)
     )
     turns = dict(ShareTurn.objects.filter(provider_id=provider_id).values_list("project_id", "served_at"))
+    # Jobs moved to the front ("run next") come first, and first within their project.
+    jobs.sort(key=lambda job: (job.run_next_at is None, job.run_next_at or 0))
     ahead, keyed = Counter(), []
     for job in jobs:
         served = turns.get(job.project_id)
         share = (busy[job.project_id] + ahead[job.project_id]) / job.project.share_weight
-        keyed.append(((share, served is not None, served or 0, job.queued_at, job.created_at, job.id), job))
+        pushed = (job.run_next_at is None, job.run_next_at or 0)
+        keyed.append(((*pushed, share, served is not None, served or 0, job.queued_at, job.created_at, job.id), job))
         ahead[job.project_id] += 1
     return [job for _, job in sorted(keyed, key=lambda pair: pair[0])]
 

@@ -32,3 +32,33 @@ def test_a_small_batch_overtakes_a_big_one_on_the_same_provider(owner, tmp_path)
     finally:
         for proc in running:
             proc.stop()
+
+
+def test_a_job_moved_to_the_front_is_claimed_next_by_real_workers(owner, tmp_path):
+    from django.utils import timezone
+
+    from queue_app.services.priority import jobs_run_next
+
+    provider = make_provider(owner, concurrency=1, latency_ms=300)
+    project = make_project(owner, provider)
+    jobs = make_drafts(project, 40)
+    logs = tmp_path / "logs"
+    running = [procs.qcluster(logs, workers=2), procs.queue_service(logs)]
+    try:
+        jobs_start(user=owner, project=project, all_drafts=True)
+        procs.wait_for(
+            lambda: Job.objects.filter(project=project, status=Status.COMPLETED).count() >= 2, timeout=120, message="running"
+        )
+        moved_at = timezone.now()
+        last = str(jobs[-1].id)
+        assert jobs_run_next(user=owner, job_ids=[last])["moved"] == [last]
+        procs.wait_for(
+            lambda: Job.objects.filter(id=last, status=Status.COMPLETED).exists(), timeout=60, message="moved job done"
+        )
+        # A claim already under way when it was moved may go first: at most one other.
+        before = Job.objects.filter(project=project, started_at__gte=moved_at, started_at__lt=Job.objects.get(id=last).started_at)
+        assert before.count() <= 1
+        assert Job.objects.filter(project=project, status=Status.PENDING).count() > 20
+    finally:
+        for proc in running:
+            proc.stop()

@@ -39,6 +39,7 @@ def test_the_claims_candidates_are_the_orms_rows_in_its_order(owner):
     pending_now(make_drafts(text, 2), at=now - timedelta(minutes=6))
     pending_now(make_drafts(by_default, 2), at=now - timedelta(minutes=7), not_before=now + timedelta(hours=1))
     pending_now(make_drafts(by_default, 1), at=now - timedelta(minutes=8), not_before=now - timedelta(seconds=1))
+    pending_now(make_drafts(text, 1), at=now - timedelta(minutes=1), run_next_at=now)
     pending_now(make_drafts(comfy, 2), at=now - timedelta(minutes=9))
     pending_now(make_drafts(make_project(owner, other, name="elsewhere"), 2), at=now - timedelta(minutes=9))
     make_drafts(by_default, 2)  # drafts: not pending

@@ -4,7 +4,7 @@ at ComfyUI — and enqueue their submission to the workers. `take_claimed` is th
 end: the worker that picks a claimed job up."""
 
 from django.db import close_old_connections, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from comfy_app.models import ComfyInstance, ComfyRun
@@ -64,7 +64,7 @@ def claim_pending(project_id: int) -> list[tuple]:
         candidates = (
             Job.objects.filter(project_id=project_id, status=Status.PENDING)
             .filter(Q(not_before__isnull=True) | Q(not_before__lte=Now()))
-            .order_by("queued_at", "created_at", "id")[:free]
+            .order_by(F("run_next_at").asc(nulls_last=True), "queued_at", "created_at", "id")[:free]
         )
         for job in candidates:
             snapshot = instance_snapshot(job, instance)

@@ -18,12 +18,13 @@ from queue_app.models import Job, Project, ShareTurn, Status
 PENDING = f"'{Status.PENDING.value}'"
 PROCESSING = f"'{Status.PROCESSING.value}'"
 ORDER = "ORDER BY queued_at ASC, created_at ASC, id ASC"
-HEAD_COLUMNS = "id, project_id, queued_at, created_at"
+HEAD_COLUMNS = "id, project_id, queued_at, created_at, run_next_at"
 
 
 def heads_sql(provider_id: int, projects: list[int] | None, direct: list[int] | None, due: str, due_params, head):
     """The rows at the head of each queue feeding the provider, `head` of each (None: every
-    pending row), in (id, project_id, queued_at, created_at): (SQL, parameters).
+    pending row), in HEAD_COLUMNS: (SQL, parameters). The jobs moved to the front ("run
+    next") are one more queue.
 
     A provider's own jobs (a draft that names it) are read per project too (`direct`: those
     projects; None: found by the statement, walking the index's project ids). `projects`:
@@ -63,9 +64,28 @@ def heads_sql(provider_id: int, projects: list[int] | None, direct: list[int] | 
         for n, project_id in enumerate(projects):
             arms.append(f"SELECT * FROM ({by_default}) p{n}")
             params += [project_id, *due_params, head]
+    pushed, pushed_params = _run_next_arm(provider_id, projects, due, due_params, head)
     if not arms:
-        return f"SELECT {HEAD_COLUMNS} FROM {table} WHERE 1 = 0", []
-    return " UNION ALL ".join(arms), params
+        return pushed, pushed_params
+    # UNION, not ALL, after the queues: a job moved to the front may be in its queue's head too.
+    return " UNION ALL ".join(arms) + " UNION " + pushed, [*params, *pushed_params]
+
+
+def _run_next_arm(provider_id: int, projects: list[int] | None, due: str, due_params, head: int):
+    """The provider's jobs moved to the front, earliest moved first, from their own small
+    partial index."""
+    table, owned, params = Job._meta.db_table, "provider_id = %s", [provider_id]
+    if projects is None:
+        owned += f" OR (provider_id IS NULL AND project_id IN (SELECT id FROM {Project._meta.db_table} WHERE provider_id = %s))"
+        params.append(provider_id)
+    elif projects:
+        owned += f" OR (provider_id IS NULL AND project_id IN ({', '.join(['%s'] * len(projects))}))"
+        params += projects
+    sql = (
+        f"SELECT * FROM (SELECT {HEAD_COLUMNS} FROM {table} WHERE status = {PENDING} AND run_next_at IS NOT NULL "
+        f"AND ({owned}) AND {due} ORDER BY run_next_at ASC, id ASC LIMIT %s) rn"
+    )
+    return sql, [*params, *due_params, head]
 
 
 def direct_projects_sql(provider_id: int) -> tuple[str, list]:
@@ -95,15 +115,21 @@ def candidates_sql(provider_id: int, *, heads: str, heads_params: list, columns:
     first `pick` in fair order; None: all), and only those are joined to their jobs and
     projects. The last column says how many projects contend."""
     table, projects, turns = Job._meta.db_table, Project._meta.db_table, ShareTurn._meta.db_table
-    number = "ROW_NUMBER() OVER (PARTITION BY h.project_id ORDER BY h.queued_at, h.created_at, h.id) - 1"
+    first = "CASE WHEN h.run_next_at IS NULL THEN 1 ELSE 0 END, h.run_next_at"
+    number = f"ROW_NUMBER() OVER (PARTITION BY h.project_id ORDER BY {first}, h.queued_at, h.created_at, h.id) - 1"
     real = "DOUBLE PRECISION" if connection.vendor == "postgresql" else "REAL"
-    order = "share ASC, served ASC, t.served_at ASC, heads.queued_at ASC, heads.created_at ASC, heads.id ASC"
+    order = (
+        "pushed ASC, heads.run_next_at ASC, share ASC, served ASC, t.served_at ASC, heads.queued_at ASC, "
+        "heads.created_at ASC, heads.id ASC"
+    )
     excluded = f" AND NOT (pr.kind IN ({', '.join(['%s'] * len(kinds))}))" if kinds else ""
     ctes = [
-        f"heads AS MATERIALIZED (SELECT h.id, h.project_id AS pid, h.queued_at, h.created_at, {number} AS rnk FROM ({heads}) h)",
+        "heads AS MATERIALIZED (SELECT h.id, h.project_id AS pid, h.queued_at, h.created_at, h.run_next_at, "
+        f"{number} AS rnk FROM ({heads}) h)",
         f"busy AS (SELECT project_id AS pid, COUNT(*) AS n FROM {table} WHERE active_provider_id = %s "
         f"AND status = {PROCESSING} GROUP BY project_id)",
-        f"ranked AS MATERIALIZED (SELECT heads.id, CAST(COALESCE(b.n, 0) + heads.rnk AS {real}) / pr.share_weight AS share, "
+        "ranked AS MATERIALIZED (SELECT heads.id, CASE WHEN heads.run_next_at IS NULL THEN 1 ELSE 0 END AS pushed, "
+        f"heads.run_next_at, CAST(COALESCE(b.n, 0) + heads.rnk AS {real}) / pr.share_weight AS share, "
         "CASE WHEN t.served_at IS NULL THEN 0 ELSE 1 END AS served, t.served_at, heads.queued_at, heads.created_at "
         f"FROM heads INNER JOIN {projects} pr ON pr.id = heads.pid LEFT JOIN busy b ON b.pid = heads.pid "
         f"LEFT JOIN {turns} t ON t.provider_id = %s AND t.project_id = heads.pid WHERE 1 = 1{excluded} "
@@ -125,7 +151,8 @@ def candidates_sql(provider_id: int, *, heads: str, heads_params: list, columns:
         f"WITH {'RECURSIVE ' if recursive else ''}{', '.join(ctes)} "
         f"SELECT {columns}, (SELECT COUNT(DISTINCT pid) FROM heads) FROM ranked CROSS JOIN {table} j "
         f"INNER JOIN {projects} p ON p.id = j.project_id WHERE j.id = ranked.id AND {pending} "
-        "ORDER BY ranked.share ASC, ranked.served ASC, ranked.served_at ASC, j.queued_at ASC, j.created_at ASC, j.id ASC"
+        "ORDER BY ranked.pushed ASC, ranked.run_next_at ASC, ranked.share ASC, ranked.served ASC, ranked.served_at ASC, "
+        "j.queued_at ASC, j.created_at ASC, j.id ASC"
     )
     return sql, params
 

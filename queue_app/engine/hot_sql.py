@@ -233,8 +233,8 @@ def claim_into_slots(rows, *, owner: str, started_at, expiry) -> set:
         cursor.execute(
             f"UPDATE {table} SET status = %s, active_provider_id = v.column2, slot = v.column3, "
             f"lease_token = v.column4, resolved = v.column5, lease_owner = %s, lease_expires_at = {expiry_sql}, "
-            "attempts = attempts + 1, started_at = %s, not_before = NULL, progress = NULL, poll_failures = 0, "
-            "next_poll_at = NULL, poll_claimed_until = NULL "
+            "attempts = attempts + 1, started_at = %s, not_before = NULL, run_next_at = NULL, progress = NULL, "
+            "poll_failures = 0, next_poll_at = NULL, poll_claimed_until = NULL "
             f"FROM (VALUES {', '.join([row] * len(rows))}) AS v WHERE {table}.id = v.column1 AND {table}.status = %s "
             f"AND ({table}.not_before IS NULL OR {table}.not_before <= {now}) RETURNING {table}.id",
             [Status.PROCESSING, owner, *expiry_params, started_at, *params, Status.PENDING, *now_params],
@@ -248,5 +248,6 @@ def as_claimed(job: Job, slot: int, snap: dict, *, provider, token, started_at, 
     database's clock and nobody in that transaction reads."""
     job.status, job.active_provider, job.slot, job.lease_token, job.resolved = Status.PROCESSING, provider, slot, token, snap
     job.lease_owner, job.attempts, job.started_at, job.not_before, job.progress = owner, job.attempts + 1, started_at, None, None
+    job.run_next_at = None
     job.poll_failures, job.next_poll_at, job.poll_claimed_until = 0, None, None
     return job

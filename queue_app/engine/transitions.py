@@ -42,7 +42,7 @@ from queue_app.models import ErrorClass, Job, Provider, Status, fence
 SLOT_RELEASED = dict(active_provider=None, slot=None, lease_owner="", lease_expires_at=None, poll_claimed_until=None)
 # What a start or retry clears, and what every claim resets.
 FRESH_RUN = dict(error="", error_class="", not_before=None, attempts=0, finished_at=None, progress=None, poll_failures=0)
-CLAIM_RESET = dict(not_before=None, progress=None, poll_failures=0)
+CLAIM_RESET = dict(not_before=None, run_next_at=None, progress=None, poll_failures=0)
 # How an attempt ends when its job leaves processing with this error class: the outcome of
 # the same name, but a job held for attention, whose submission may have been accepted.
 OUTCOME_OF = {**{c: Outcome(c.value) for c in ErrorClass if c != ErrorClass.ATTENTION}, ErrorClass.ATTENTION: Outcome.AMBIGUOUS}

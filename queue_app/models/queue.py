@@ -178,6 +178,9 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True)
+    # "Run next": set, the pending job goes before every other of its provider's (earliest
+    # set first), within the provider's limit, cool-down and its own backoff; cleared at claim.
+    run_next_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     error_class = models.CharField(max_length=10, choices=ErrorClass.choices, blank=True, default="")
 
@@ -213,6 +216,12 @@ class Job(models.Model):
                 fields=["project", "queued_at", "created_at", "id"],
                 condition=Q(status="pending", provider__isnull=True),
                 name="job_pending_project_order",
+            ),
+            # The jobs moved to the front ("run next"): a few rows among the pending ones.
+            models.Index(
+                fields=["run_next_at"],
+                condition=Q(status="pending", run_next_at__isnull=False),
+                name="job_pending_run_next",
             ),
             models.Index(fields=["active_provider", "status"], name="job_active_provider"),
             models.Index(fields=["provider", "status"], name="job_provider_status"),

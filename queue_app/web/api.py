@@ -26,6 +26,7 @@ from queue_app.selectors.job_list import jobs_page
 from queue_app.selectors.queue import queue_status
 from queue_app.selectors.visibility import visible_to
 from queue_app.services import jobs as job_writes
+from queue_app.services import priority
 from queue_app.services.acting import JOBS, acting_on, acting_on_jobs
 from queue_app.services.drafts import jobs_create_drafts
 from queue_app.services.errors import ServiceError
@@ -263,6 +264,26 @@ def jobs_retry(user, args) -> dict:
     for owner in get_user_model().objects.filter(id__in=owners):
         retried += job_writes.jobs_retry(user=owner, job_ids=job_ids)["retried"]
     return {"retried": retried, "skipped": len(set(job_ids)) - len(retried)}
+
+
+@endpoint("POST")
+def jobs_run_next_view(request, body):
+    return answer(jobs_run_next(request.user, [str(job_id) for job_id in schemas.validate(schemas.RunNextJobs, body).job_ids]))
+
+
+def jobs_run_next(user, job_ids: list[str]) -> dict:
+    """Move pending jobs the user may act on to the front of their providers' queues (the
+    pages, the monitor, the API and MCP share this); others are skipped."""
+    acting_on_jobs(user, job_ids)
+    job_ids = list(dict.fromkeys(map(str, job_ids)))  # the order given is the order run
+    from django.contrib.auth import get_user_model
+
+    moved = []
+    owners = set(Job.objects.filter(id__in=job_ids).values_list("owner_id", flat=True))
+    for owner in get_user_model().objects.filter(id__in=owners):
+        moved += priority.jobs_run_next(user=owner, job_ids=job_ids)["moved"]
+    order = {job_id: n for n, job_id in enumerate(job_ids)}
+    return {"moved": sorted(moved, key=order.get), "skipped": len(job_ids) - len(moved)}
 
 
 def jobs_cancel(user, job_ids: list[str]) -> dict:

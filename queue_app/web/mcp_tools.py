@@ -148,6 +148,10 @@ def cancel_jobs(ctx: Context, args) -> dict:
     return once(ctx, args, scope="cancel", run=lambda: (api.jobs_cancel(ctx.user, job_ids), 200))
 
 
+def run_next_jobs(ctx: Context, args) -> dict:
+    return api.jobs_run_next(ctx.user, [str(job_id) for job_id in args.job_ids])
+
+
 def clear_failed(ctx: Context, args) -> dict:
     return api.act_on_failed(ctx.user, args, action="clear")
 
@@ -161,6 +165,7 @@ DRAFTING = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": F
 CANCELS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True, "openWorldHint": True}
 # a repeat deletes jobs that failed meanwhile
 CLEARS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
+RUNS_NEXT = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 TOOLS = [
     Tool(
         "get_queue_status",
@@ -231,6 +236,14 @@ TOOLS = [
         S.JobsCancelled,
         CANCELS,
         cancel_jobs,
+    ),
+    Tool(
+        "run_next_jobs",
+        "Pending jobs to the front, first given first.",
+        S.RunNextJobs,
+        S.JobsRunNext,
+        RUNS_NEXT,
+        run_next_jobs,
     ),
     Tool(
         "retry_failed_jobs",

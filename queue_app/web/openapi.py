@@ -124,6 +124,7 @@ OPERATIONS = [
     ),
     Op("/api/jobs/retry", "post", "retry_jobs", "Retry chosen failed jobs", S.RetryJobs, result=S.JobsRetried),
     Op("/api/jobs/cancel", "post", "cancel_jobs", "Cancel jobs", S.CancelJobs, result=S.JobsCancelled, idempotent=True),
+    Op("/api/jobs/run-next", "post", "run_next_jobs", "Move pending jobs to the front", S.RunNextJobs, result=S.JobsRunNext),
     Op("/api/providers", "get", "list_providers", "Providers you may see", query=S.PageQuery),
     Op("/api/providers", "post", "create_provider", "Create a provider", M.ProviderCreate, status=201, idempotent=True),
     Op("/api/providers/{provider_id}", "get", "get_provider", "A provider and the work it still has"),

@@ -260,6 +260,15 @@ class CancelJobs(Schema):
     job_ids: JobIds
 
 
+class RunNextJobs(Schema):
+    job_ids: JobIds = Field(description="pending jobs, the first given is the first run")
+
+
+class JobsRunNext(Output):
+    moved: list[str] = Field(description="the jobs now at the front of their provider's queue, in order")
+    skipped: int
+
+
 class JobsCancelled(Output):
     cancelled: int = Field(description="pending or processing jobs now failed with reason cancelled")
     skipped: int = Field(description="selected jobs that were drafts or already finished")

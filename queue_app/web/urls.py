@@ -22,6 +22,7 @@ from queue_app.web import (
     projects,
     providers,
     reuse,
+    run_next,
 )
 
 urlpatterns = [
@@ -51,6 +52,9 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", job_page.job_detail, name="job_detail"),
     path("jobs/<uuid:job_id>/cancel", cancel.job_cancel, name="job_cancel"),
     path("jobs/<uuid:job_id>/retry", job_page.job_retry, name="job_retry"),
+    path("jobs/<uuid:job_id>/run-next", run_next.job_run_next, name="job_run_next"),
+    path("projects/<int:project_id>/run-next", run_next.project_run_next, name="project_run_next"),
+    path("queue/run-next", run_next.monitor_run_next, name="monitor_run_next"),
     path("providers/", providers.provider_list, name="provider_list"),
     path("spend/", money.spend, name="spend"),
     path("spend/ledger.csv", money.ledger_csv, name="ledger_csv"),
@@ -82,6 +86,7 @@ urlpatterns = [
     path("api/projects/<int:project_id>/jobs", api.project_jobs_view, name="api_project_jobs"),
     path("api/jobs/retry", api.jobs_retry_view, name="api_jobs_retry"),
     path("api/jobs/cancel", api.jobs_cancel_view, name="api_jobs_cancel"),
+    path("api/jobs/run-next", api.jobs_run_next_view, name="api_jobs_run_next"),
     path("api/drafts/<uuid:job_id>", api_drafts.draft_view, name="api_draft"),
     path("api/references", api_drafts.references_view, name="api_references"),
     path("api/projects/<int:project_id>/generate", api_batches.generate_view, name="api_generate"),
