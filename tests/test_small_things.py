@@ -43,6 +43,22 @@ def test_a_comfyui_job_at_its_instance_reads_running(signed_in, owner):
     assert "ComfyUI ·" in signed_in.get(f"/projects/{project.id}/").content.decode()
 
 
+def test_the_monitor_counts_a_comfyui_job_at_its_instance_as_running_and_a_remote_task_as_detached(owner, staff):
+    from queue_app.selectors.job_list import jobs_after
+    from queue_app.selectors.queue import queue_status
+
+    comfy = make_project(owner, None, kind="comfyui", name="Comfy")
+    remote = make_project(owner, make_provider(owner, name="Remote"), name="Remote")
+    [prompt] = make_drafts(comfy, 1)
+    [task] = make_drafts(remote, 1)
+    for job, task_id in ((prompt, "prompt-1"), (task, "prediction-1")):
+        Job.objects.filter(id=job.id).update(status=Status.PROCESSING, task_id=task_id, lease_token=uuid.uuid4())
+    totals = queue_status(user=staff)["totals"]
+    assert (totals["running"], totals["detached"], totals["processing"]) == (1, 1, 2)
+    assert [row["id"] for row in jobs_after(user=staff, state="running")["jobs"]] == [str(prompt.id)]
+    assert [row["id"] for row in jobs_after(user=staff, state="detached")["jobs"]] == [str(task.id)]
+
+
 def test_a_favicon_and_disabled_buttons_that_look_it(signed_in, client):
     page = signed_in.get("/projects/").content.decode()
     assert 'rel="icon"' in page and "button:disabled" in page

@@ -108,7 +108,7 @@ class _Tally:
         if status == Status.PENDING:
             keys.append(self._pending_key(row, provider_id, project.get("kind", "")))
         elif status == Status.PROCESSING:
-            keys.append(row["processing_state"])
+            keys.append(states.runner_aware(row["processing_state"], project.get("kind", "")))
         for key in keys:
             self.totals[key] += n
             self.per_project[row["project_id"]][key] += n

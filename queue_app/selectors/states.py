@@ -88,6 +88,11 @@ def processing_state(*, task_id: str, lease_expires_at, now) -> str:
 STALLED_REASON = "lease expired; the next heal returns it to pending"
 
 
+def runner_aware(state: str, kind: str) -> str:
+    """A runner's prompt id is no detached task: the runner drives it, so it reads running."""
+    return "running" if state == "detached" and kind in runner_registry.RUNNERS else state
+
+
 # --- Pending: Waiting (and why) or Queued -------------------------------------------------
 # Both sides read the same facts: the visible providers ({id: row}), liveness, now.
 
@@ -161,6 +166,11 @@ def condition(state: str, *, providers: dict, live: dict, now) -> Q:
         waits = waits_sql(providers=providers, live=live, now=now)
         return Q(status=Status.PENDING) & (waits if state == "waiting" else ~waits)
     processing = _processing_conditions(now)
+    runner = Q(project__kind__in=list(runner_registry.RUNNERS))
+    if state == "detached":
+        return Q(status=Status.PROCESSING) & processing[state] & ~runner
+    if state == "running":
+        return Q(status=Status.PROCESSING) & (processing[state] | (processing["detached"] & runner))
     if state in processing:
         return Q(status=Status.PROCESSING) & processing[state]
     if state == "cancelled":
@@ -186,8 +196,7 @@ def of_job(job, *, providers: dict, live: dict, now) -> tuple[str, str]:
         return ("waiting", reason) if reason else ("queued", "")
     if job.status == Status.PROCESSING:
         state = processing_state(task_id=job.task_id, lease_expires_at=job.lease_expires_at, now=now)
-        if state == "detached" and job.project.kind in runner_registry.RUNNERS:
-            return "running", ""  # a runner's prompt id is no detached task: the runner drives it
+        state = runner_aware(state, job.project.kind)
         return state, STALLED_REASON if state == "stalled" else ""
     if job.status == Status.FAILED and job.error_class == ErrorClass.CANCELLED:
         return "cancelled", ""
