@@ -71,6 +71,9 @@ def _open_job_groups(user, now) -> tuple[list[dict], dict]:
     return groups, projects
 
 
+RETRY_BACKOFF = "retry backoff"  # states.waiting_reason's words for a job in backoff, counted
+
+
 @dataclass
 class _Tally:
     """The grouped rows added up: totals, per provider, per project, and the oldest
@@ -185,6 +188,7 @@ def _provider_rows(tally: _Tally, lag: dict) -> list[dict]:
                 "oldest_pending_age_seconds": (now - pending_since).total_seconds() if pending_since else None,
                 "oldest_pending_reason": blocked_by,
                 "waiting_reasons": dict(tally.waiting_reasons.get(pid, {})),
+                "in_backoff": tally.waiting_reasons.get(pid, {}).get(RETRY_BACKOFF, 0),
                 "fair_share": fair_share.note(
                     concurrency=provider["concurrency"],
                     holders=tally.holders.get(pid),

@@ -271,6 +271,23 @@ def jobs_run_next_view(request, body):
     return answer(jobs_run_next(request.user, [str(job_id) for job_id in schemas.validate(schemas.RunNextJobs, body).job_ids]))
 
 
+@endpoint("POST")
+def jobs_retry_now_view(request, body):
+    job_ids = acting_on_jobs(request.user, [str(i) for i in schemas.validate(schemas.RetryNow, body).job_ids])
+    owners = set(Job.objects.filter(id__in=job_ids).values_list("owner_id", flat=True))
+    from django.contrib.auth import get_user_model
+
+    done = []
+    for owner in get_user_model().objects.filter(id__in=owners):
+        done += priority.jobs_retry_now(user=owner, job_ids=job_ids)["retried_now"]
+    return answer({"retried_now": done, "skipped": len(job_ids) - len(done)})
+
+
+@endpoint("POST")
+def provider_retry_now_view(request, body, provider_id):
+    return answer(priority.provider_retry_now(user=request.user, provider_id=provider_id))
+
+
 def jobs_run_next(user, job_ids: list[str]) -> dict:
     """Move pending jobs the user may act on to the front of their providers' queues (the
     pages, the monitor, the API and MCP share this); others are skipped."""

@@ -29,6 +29,7 @@ from queue_app.selectors.jobs import attention_jobs
 from queue_app.selectors.projects import project_choices
 from queue_app.selectors.queue import COUNT_KEYS, queue_status
 from queue_app.selectors.visibility import visible_providers
+from queue_app.services import priority
 from queue_app.services.acting import JOBS
 from queue_app.services.errors import ServiceError
 from queue_app.services.jobs import failed_jobs_clear, failed_jobs_retry, failed_scope
@@ -217,6 +218,9 @@ def provider_action(request, provider_id, action):
                 user=request.user, provider_id=provider_id, concurrency=value if value is not None else -1
             )
             messages.success(request, f"{provider.name}: concurrency {provider.concurrency}")
+        elif action == "retry-now":
+            done = priority.provider_retry_now(user=request.user, provider_id=provider_id)["retried_now"]
+            messages.success(request, f"{done} job(s) out of retry backoff")
         elif action == "clear-cooldown":
             provider = provider_clear_cooldown(user=request.user, provider_id=provider_id)
             messages.success(request, f"{provider.name}: cool-down cleared")

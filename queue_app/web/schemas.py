@@ -264,6 +264,19 @@ class RunNextJobs(Schema):
     job_ids: JobIds = Field(description="pending jobs, the first given is the first run")
 
 
+class RetryNow(Schema):
+    job_ids: JobIds = Field(description="pending jobs waiting out a retry backoff")
+
+
+class JobsRetriedNow(Output):
+    retried_now: list[str]
+    skipped: int
+
+
+class ProviderRetriedNow(Output):
+    retried_now: int = Field(description="jobs of its queue whose retry backoff ended now")
+
+
 class JobsRunNext(Output):
     moved: list[str] = Field(description="the jobs now at the front of their provider's queue, in order")
     skipped: int
