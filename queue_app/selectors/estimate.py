@@ -3,6 +3,7 @@ it (engine/snapshot.py) and priced by its provider record (providers/prices.py),
 per provider record and currency. A job whose price is unknown is counted as unknown,
 never as 0 (docs/money.md)."""
 
+import json
 from decimal import Decimal
 
 from queue_app.engine import snapshot
@@ -14,15 +15,29 @@ from queue_app.providers.prices import job_cost, price_for, record_currency
 ESTIMATE_LIMIT = 5000
 
 
+# The job fields a snapshot reads (engine/snapshot.build): jobs alike in these (and in their
+# provider record) share one resolved price, whatever their prompts.
+SNAPSHOT_FIELDS = ("model", "aspect_ratio", "quality", "resolution", "format", "background", "duration", "sound")
+
+
 def job_estimate(job, project, provider):
     """One job's Cost (amount None: unknown) with the settings a claim now would use."""
     if provider is None:
         return None, {}
+    settings, price, currency = _priced(job, project, provider)
+    return job_cost(price, settings, prompt=job.prompt, currency=currency), settings
+
+
+def _priced(job, project, provider) -> tuple[dict, object, str]:
     settings = snapshot.build(job, project, provider)
     base = (provider.model_aliases or {}).get(settings["model"]) or ""
     price = price_for(provider.family, settings["model"], provider.options, base_model=base)
-    currency = record_currency(provider.family, provider.options)
-    return job_cost(price, settings, prompt=job.prompt, currency=currency), settings
+    return settings, price, record_currency(provider.family, provider.options)
+
+
+def _alike(job, provider) -> tuple:
+    params = json.dumps(job.params or {}, sort_keys=True, default=str)
+    return (provider.id, *(getattr(job, name) for name in SNAPSHOT_FIELDS), params)
 
 
 def start_estimate(project, *, job_ids=None, statuses=(Status.DRAFT,)) -> dict:
@@ -35,14 +50,21 @@ def start_estimate(project, *, job_ids=None, statuses=(Status.DRAFT,)) -> dict:
         jobs = jobs.filter(id__in=list(job_ids), status__in=(Status.DRAFT, Status.FAILED))
     else:
         jobs = jobs.filter(status__in=statuses)
-    jobs = list(jobs[: ESTIMATE_LIMIT + 1])
+    jobs = list(jobs.only("id", "provider_id", "prompt", "params", *SNAPSHOT_FIELDS)[: ESTIMATE_LIMIT + 1])
     partial = len(jobs) > ESTIMATE_LIMIT
     jobs = jobs[:ESTIMATE_LIMIT]
     providers = {p.id: p for p in Provider.objects.filter(id__in={j.provider_id or project.provider_id for j in jobs})}
     rows: dict = {}
+    priced: dict = {}  # a batch of drafts is mostly alike: each kind is resolved once
     for job in jobs:
         provider = providers.get(job.provider_id or project.provider_id)
-        cost, _ = job_estimate(job, project, provider)
+        cost = None
+        if provider is not None:
+            key = _alike(job, provider)
+            if key not in priced:
+                priced[key] = _priced(job, project, provider)
+            settings, price, currency = priced[key]
+            cost = job_cost(price, settings, prompt=job.prompt, currency=currency)
         key = (provider.id if provider else None, cost.currency if cost else "")
         row = rows.setdefault(key, _row(provider, key[1]))
         row["jobs"] += 1
