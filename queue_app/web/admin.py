@@ -4,6 +4,7 @@
 from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
+from django.db.models import Q
 
 from queue_app import limits
 from queue_app.engine import attempt_tally
@@ -167,11 +168,31 @@ SNAPSHOT_FIELDS = (
 )
 
 
+class RunsOnFilter(admin.SimpleListFilter):
+    """The provider record a job runs on: the one holding it, else its own choice, else its
+    project's default (most jobs name none of their own, so `provider` alone finds few)."""
+
+    title = "provider"
+    parameter_name = "runs_on"
+
+    def lookups(self, request, model_admin):
+        return [(str(p.id), p.name) for p in Provider.objects.order_by("name").only("id", "name")]
+
+    def queryset(self, request, queryset):
+        if not self.value() or not self.value().isdigit():
+            return queryset
+        pid = int(self.value())
+        held = Q(active_provider_id=pid)
+        chosen = Q(active_provider__isnull=True, provider_id=pid)
+        default = Q(active_provider__isnull=True, provider__isnull=True, project__provider_id=pid)
+        return queryset.filter(held | chosen | default)
+
+
 @admin.register(Job)
 class JobAdmin(Admin):
     list_display = ("id", "project", "status", "provider", "model", "attempts", "short_task", "created_at")
-    list_filter = ("status", "provider", "project", "active_provider__family")
-    search_fields = ("id", "task_id")
+    list_filter = ("status", RunsOnFilter, "project", "active_provider__family")
+    search_fields = ("id", "task_id", "prompt", "project__name")
     readonly_fields = SNAPSHOT_FIELDS
     inlines = [JobAttemptInline]
     actions = ["start_or_retry"]
