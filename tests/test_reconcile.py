@@ -31,15 +31,16 @@ def test_only_attempts_that_may_have_reached_the_provider_are_looked_up_by_their
     _attempt(job, 2, Outcome.TRANSIENT)  # refused: nothing was created
     _attempt(job, 3, Outcome.AMBIGUOUS)
     _attempt(job, 4, Outcome.INTERRUPTED, task_id="stored")  # its id was stored: not lost
+    _attempt(job, 5, Outcome.LOCAL)  # answered, but its outputs could not be stored here
     asked = []
 
     def find_submitted(request, tag, since):
         asked.append(tag)
-        return {f"rs-{job.id}-3": ["t3"], f"rs-{job.id}-1": ["t1", "t3"]}.get(tag, [])
+        return {f"rs-{job.id}-5": ["t5"], f"rs-{job.id}-3": ["t3"], f"rs-{job.id}-1": ["t1", "t3"]}.get(tag, [])
 
     adapter = SimpleNamespace(find_submitted=find_submitted)
-    assert reconcile.candidates(adapter, resolved("civitai"), job.id, 5) == ["t3", "t1"]
-    assert asked == [f"rs-{job.id}-3", f"rs-{job.id}-1"]
+    assert reconcile.candidates(adapter, resolved("civitai"), job.id, 6) == ["t5", "t3", "t1"]
+    assert asked == [f"rs-{job.id}-5", f"rs-{job.id}-3", f"rs-{job.id}-1"]
 
 
 def test_a_task_any_job_or_attempt_stored_is_not_adopted_again(owner):

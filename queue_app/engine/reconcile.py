@@ -17,7 +17,9 @@ Outcome = JobAttempt.Outcome
 Phase = JobAttempt.Phase
 
 # How a submit ended when its request may have reached the provider with no id stored.
-MAY_HAVE_REACHED = (Outcome.INTERRUPTED, Outcome.LOST, Outcome.AMBIGUOUS)
+# LOCAL: failed here, maybe after the provider answered — a synchronous answer whose outputs
+# could not be stored (a full media disk) left a finished task to collect, not to pay again.
+MAY_HAVE_REACHED = (Outcome.INTERRUPTED, Outcome.LOST, Outcome.AMBIGUOUS, Outcome.LOCAL)
 LOOKBACK = 3  # earlier unsettled attempts looked up, newest first
 # `since` is this much before the earlier attempt began: the provider's clock is not ours.
 CLOCK_MARGIN = timedelta(minutes=2)
