@@ -167,9 +167,7 @@ def dead_peer_options() -> dict:
 
 
 def synchronous_commit_option() -> str:
-    """DB_SYNCHRONOUS_COMMIT=off for a throwaway database (the test suite sets it): a commit
-    then returns before its WAL reaches the disk, 4.5 ms → 0.06 ms here. A server crash may
-    lose the last commits but never corrupts; visibility and locking are unchanged."""
+    """`off` for a throwaway database (tests): commits stop waiting for the disk (operations.md)."""
     value = os.getenv("DB_SYNCHRONOUS_COMMIT", "").strip().lower()
     if value not in ("", "on", "off", "local", "remote_write", "remote_apply"):
         raise ImproperlyConfigured(f"DB_SYNCHRONOUS_COMMIT={value!r}: use on, off or local")
@@ -181,8 +179,7 @@ DATABASES = {"default": database_from_url(DATABASE_URL)}
 # pooler that cannot keep prepared statements across transactions.
 PREPARE_HOT_STATEMENTS = envbool("PREPARE_HOT_STATEMENTS", "True")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# models.W040: the queue counts' covering index INCLUDEs columns on PostgreSQL (an index-only
-# scan); SQLite keeps its key columns and ignores the rest, which is all it needs.
+# models.W040: SQLite ignores the INCLUDE columns of a covering index (PostgreSQL's speed-up).
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 # --- Redis: broker, channel layer, cache ----------------------------------------------

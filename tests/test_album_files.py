@@ -295,7 +295,9 @@ def test_no_hostile_output_runs_script_from_the_album_the_job_page_or_the_monito
             page.goto(web.url + path)
             page.wait_for_load_state("networkidle")
             assert page.title() != "PWNED", path
-            links = page.eval_on_selector_all("a[href*='/album/']", "links => links.map(a => a.href)")
+            # every album item's own link (not the album page's nor its filters)
+            items = "links => links.map(a => a.href).filter(href => /[/]album[/][0-9]+[/]/.test(new URL(href).pathname))"
+            links = page.eval_on_selector_all("a[href*='/album/']", items)
             for link in dict.fromkeys(links):
                 try:
                     page.goto(link)

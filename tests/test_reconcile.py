@@ -103,3 +103,28 @@ def test_an_ambiguous_answers_own_lookup_is_tried_again_before_the_slot_is_given
     answers[:] = [TransientError("503")] * 3
     assert reconcile.own(SimpleNamespace(find_submitted=find_submitted), request, job.id, attempt) == []
     assert answers == []  # three tries, then the next attempt looks again
+
+
+def test_an_earlier_attempts_lookup_is_tried_again_while_the_job_keeps_its_slot(owner, monkeypatch):
+    # The lost task may still be running at the provider: a requeue on the first failed
+    # lookup would free the slot for another job while it runs (a call over the limit).
+    from queue_app.providers.base import TransientError
+
+    monkeypatch.setattr(reconcile.time, "sleep", lambda seconds: None)
+    project = make_project(owner, make_provider(owner))
+    job = make_job(project, Status.PROCESSING)
+    _attempt(job, 1, Outcome.INTERRUPTED)
+    answers = [TransientError("malformed"), ["t1"]]
+
+    def find_submitted(request, tag, since):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    adapter = SimpleNamespace(find_submitted=find_submitted)
+    assert reconcile.candidates(adapter, resolved("replicate"), job.id, 2) == ["t1"]
+    answers[:] = [TransientError("503")] * 3
+    with pytest.raises(TransientError):
+        reconcile.candidates(adapter, resolved("replicate"), job.id, 2)
+    assert answers == []  # three tries, then the retry asks again

@@ -44,15 +44,29 @@ def unsettled(job_id, before: int) -> list[tuple[int, object]]:
 
 def candidates(adapter, request, job_id, number: int) -> list[str]:
     """Tasks an earlier attempt of this job may have created and nothing holds, newest
-    first; empty when there is nothing to adopt (submit). The adapter's TransientError
-    passes through: a provider that cannot be asked now is asked again on the retry."""
+    first; empty when there is nothing to adopt (submit). A failed lookup is tried again
+    OWN_TRIES times while the job keeps its slot (its lost task may still be running at
+    the provider); then the error passes through and the retry asks again."""
     if not callable(getattr(adapter, "find_submitted", None)):
         return []
     found: list[str] = []
     for earlier, started in unsettled(job_id, number):
-        ids = providers.call(request, adapter.find_submitted, request, tag(job_id, earlier), started - CLOCK_MARGIN)
+        ids = _asked(request, adapter.find_submitted, tag(job_id, earlier), started - CLOCK_MARGIN)
         found += [task_id for task_id in ids if task_id not in found]
     return unheld(found)
+
+
+def _asked(request, find_submitted, attempt_tag: str, since) -> list[str]:
+    from queue_app.providers.base import ProviderError
+
+    for n in range(OWN_TRIES):
+        try:
+            return providers.call(request, find_submitted, request, attempt_tag, since)
+        except ProviderError:
+            if n + 1 == OWN_TRIES:
+                raise
+            time.sleep(OWN_PAUSE_SECONDS * (n + 1))
+    return []
 
 
 def own(adapter, request, job_id, attempt) -> list[str]:
@@ -63,14 +77,10 @@ def own(adapter, request, job_id, attempt) -> list[str]:
         return []
     from queue_app.providers.base import ProviderError
 
-    since = attempt.started_at - CLOCK_MARGIN
-    for n in range(OWN_TRIES):
-        try:
-            return unheld(providers.call(request, adapter.find_submitted, request, request.tag, since))
-        except ProviderError:
-            if n + 1 < OWN_TRIES:
-                time.sleep(OWN_PAUSE_SECONDS * (n + 1))
-    return []
+    try:
+        return unheld(_asked(request, adapter.find_submitted, request.tag, attempt.started_at - CLOCK_MARGIN))
+    except ProviderError:
+        return []
 
 
 def unheld(task_ids: list[str]) -> list[str]:
