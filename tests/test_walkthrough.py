@@ -14,7 +14,6 @@ import pytest
 from django.conf import settings
 
 from queue_app.models import AlbumItem, Job, Project, Status
-from queue_app.services.jobs import jobs_start
 from tests import procs
 from tests.factories import make_drafts, make_project, make_provider
 from tests.fakes.async_provider import FakeAsyncProvider, png
@@ -196,10 +195,12 @@ def test_an_ordinary_user_walks_from_provider_to_deleted_project(walk_stack, chr
     remote_project = make_project(owner, remote, name="Remote", model="workflow")
     params = {"workflow_id": "1987", "prompt_node": {"nodeId": "6", "fieldName": "text"}}
     [detached] = make_drafts(remote_project, 1, params=params)
-    jobs_start(user=owner, project=remote_project, job_ids=[detached.id])
+    walk.goto(f"/projects/{remote_project.id}/")
+    page.wait_for_selector("body[data-live='1']")
+    page.check(f"#drafts tr[data-job='{detached.id}'] input[name=job]")
+    page.click("#start-selected")
     # The provider accepts it (a worker stores the task id), then the page shows it detached.
     wait_until(lambda: Job.objects.filter(id=detached.id).exclude(task_id="").exists(), "the remote task id", timeout=90)
-    walk.goto(f"/projects/{remote_project.id}/")
     page.wait_for_selector(f"#queue tr[data-job='{detached.id}'][data-state='detached']", timeout=45_000)
     walk.shot("detached")
     task_id = Job.objects.get(id=detached.id).task_id
