@@ -12,7 +12,7 @@ from queue_app.models import Job, Project
 from queue_app.selectors.visibility import actable_to
 from queue_app.services.jobs import jobs_cancel
 from queue_app.web import api, monitor
-from queue_app.web.shortcuts import back_to_project, job_ids, own_to_act
+from queue_app.web.shortcuts import back_to_project, job_ids, own_to_act, ticked_jobs
 
 
 def _say(request, result: dict) -> None:
@@ -25,8 +25,7 @@ def _say(request, result: dict) -> None:
 def project_cancel(request, project_id):
     """One row's Cancel (`only`) or the ticked jobs (`job`) of a project."""
     project = own_to_act(Project, request.user, id=project_id)
-    ids = job_ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
-    ids = [str(i) for i in project.jobs.filter(id__in=ids).values_list("id", flat=True)]
+    ids = ticked_jobs(project, request)
     if not ids:
         messages.error(request, "select pending or processing jobs first")
     else:

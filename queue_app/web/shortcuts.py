@@ -45,6 +45,13 @@ def job_ids(values) -> list[str]:
     return [str(uuid.UUID(str(value))) for value in values if is_uuid(value)]
 
 
+def ticked_jobs(project: Project, request) -> list[str]:
+    """The project's jobs a page's POST names: one row's button (`only`) or the ticked
+    boxes (`job`); ids of other projects and anything not a UUID are dropped."""
+    ids = job_ids([request.POST["only"]] if request.POST.get("only") else request.POST.getlist("job"))
+    return [str(i) for i in project.jobs.filter(id__in=ids).values_list("id", flat=True)]
+
+
 def back_to_project(project: Project, request=None):
     """Back to the project page — or, for the page's own fetch() calls, the messages as
     JSON (the page stays put and re-renders its sections)."""
